@@ -1,0 +1,245 @@
+"""Shared test harness: the real program as a subprocess, real sockets on 127.0.0.1.
+
+Synchronisation is on real events: a started proxy is ready when it has logged
+"listening on HOST:PORT" (we read the bound port from that line, so every test
+uses ephemeral ports), never on sleeps.
+"""
+
+import os
+import queue
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAM = str(ROOT / "obfsproxy.py")
+LISTENING = re.compile(r"listening on (\[[0-9a-f:.]+\]|[^ ]+):(\d+)")
+IN_CI = os.environ.get("CI") == "true"
+
+
+def require_obfs4proxy():
+    """The path of Debian's obfs4proxy. In CI its absence is a failure (CI
+    installs it); elsewhere the test is skipped with the reason."""
+    path = shutil.which("obfs4proxy")
+    if path is None:
+        if IN_CI:
+            pytest.fail("obfs4proxy is not installed, but CI must install it (.ci/run)")
+        pytest.skip("obfs4proxy is not installed (apt-get install obfs4proxy); "
+                    "this interop test needs it and CI installs it")
+    return path
+
+
+class LineReader:
+    """Reads a stream's lines on a thread, so tests can wait with a deadline."""
+
+    def __init__(self, stream):
+        self.lines = []
+        self._queue = queue.Queue()
+        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream):
+        for line in stream:
+            self._queue.put(line.rstrip("\r\n"))
+        self._queue.put(None)
+
+    def wait_for(self, pattern, timeout=20.0):
+        """The first match of ``pattern`` in a new line, or AssertionError."""
+        regex = re.compile(pattern)
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise AssertionError("no line matching %r within %.0f s; saw: %r"
+                                     % (pattern, timeout, self.lines[-20:]))
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError("stream ended before a line matching %r; saw: %r"
+                                     % (pattern, self.lines[-20:]))
+            self.lines.append(line)
+            match = regex.search(line)
+            if match:
+                return match
+
+    def rest(self, timeout=5.0):
+        """Collect lines until the stream ends (or timeout)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                line = self._queue.get(timeout=max(0.01, end - time.monotonic()))
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            self.lines.append(line)
+        return self.lines
+
+
+class Proxy:
+    """``obfsproxy.py <args>`` running, with its bound address read from its log."""
+
+    def __init__(self, *args, env=None):
+        self.args = [sys.executable, PROGRAM, *args]
+        self.process = subprocess.Popen(
+            self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
+        self.log = LineReader(self.process.stderr)
+        match = self.log.wait_for(LISTENING.pattern)
+        host = match.group(1).strip("[]")
+        self.address = (host, int(match.group(2)))
+
+    def stop(self, timeout=10):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.rest(timeout=1)
+        self.process.stdout.close()
+        return self.process.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def tunnel(transport="obfs2", *extra, dest, family="127.0.0.1"):
+    """A server forwarding to ``dest`` and a SOCKS client, as two processes."""
+    listen = "[::1]:0" if family == "::1" else "127.0.0.1:0"
+    server = Proxy("server", "--transport=" + transport, "--dest=" + fmt(dest), listen,
+                   "--log-min-severity=info", *extra)
+    client = Proxy("client", "--transport=" + transport, listen,
+                   "--log-min-severity=info", *extra)
+    return server, client
+
+
+def fmt(address):
+    host, port = address[:2]
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+
+
+class EchoServer:
+    """A plain TCP echo service (or any per-connection behaviour) on loopback."""
+
+    def __init__(self, host="127.0.0.1", behaviour=None):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        self.listener.bind((host, 0))
+        self.listener.listen(128)
+        self.address = self.listener.getsockname()[:2]
+        self.behaviour = behaviour or echo
+        self.errors = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        try:
+            with conn:
+                self.behaviour(conn)
+        except Exception as exc:  # recorded for the test to assert on
+            self.errors.append(exc)
+
+    def close(self):
+        self.listener.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def echo(conn):
+    while True:
+        data = conn.recv(262144)
+        if not data:
+            return
+        conn.sendall(data)
+
+
+def recv_exact(sock, n):
+    chunks, have = [], 0
+    while have < n:
+        chunk = sock.recv(min(n - have, 1 << 20))
+        if not chunk:
+            raise AssertionError("connection closed after %d of %d bytes" % (have, n))
+        chunks.append(chunk)
+        have += len(chunk)
+    return b"".join(chunks)
+
+
+def recv_all(sock):
+    chunks = []
+    while True:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def socks5_connect(proxy_address, target, timeout=30, args=None):
+    """SOCKS5 CONNECT to ``target`` through ``proxy_address``, message by
+    message like Tor. Returns the socket; raises SocksReplyError on failure."""
+    sock = socket.create_connection(proxy_address, timeout=timeout)
+    try:
+        if args is None:
+            sock.sendall(b"\x05\x01\x00")              # VER=05 NMETHODS=01 METHODS=[00]
+            assert recv_exact(sock, 2) == b"\x05\x00"
+        else:
+            sock.sendall(b"\x05\x01\x02")              # METHODS=[02 username/password]
+            assert recv_exact(sock, 2) == b"\x05\x02"
+            raw = args.encode()
+            uname, passwd = raw[:255], raw[255:] or b"\0"
+            sock.sendall(bytes([1, len(uname)]) + uname + bytes([len(passwd)]) + passwd)
+            assert recv_exact(sock, 2) == b"\x01\x00"
+        sock.sendall(socks5_request(target))
+        reply = recv_exact(sock, 4)
+        rest = {1: 4, 4: 16}.get(reply[3], 0) + 2
+        recv_exact(sock, rest)
+        if reply[1] != 0:
+            raise SocksReplyError(reply[1])
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def socks5_request(target):
+    """VER=05 CMD=01 RSV=00 ATYP ADDR PORT"""
+    host, port = target[:2]
+    if ":" in host:
+        addr = b"\x04" + socket.inet_pton(socket.AF_INET6, host)
+    else:
+        try:
+            addr = b"\x01" + socket.inet_aton(host)
+        except OSError:
+            addr = b"\x03" + bytes([len(host)]) + host.encode()
+    return b"\x05\x01\x00" + addr + struct.pack("!H", port)
+
+
+class SocksReplyError(Exception):
+    def __init__(self, code):
+        super().__init__("SOCKS reply code 0x%02x" % code)
+        self.code = code
