@@ -70,7 +70,8 @@ Errors in the spec text (the implementations that run on the network win)
 3. Shared-secret mode: the C obfsproxy 0.1.4 hashes n + 1 times and puts only
    16 bytes of H(SECRET) into the padding MACs. We follow the spec text and
    Python obfsproxy 0.2.x (exactly n rounds, all 32 bytes), so we do not
-   interoperate with the C code in that mode.
+   interoperate with the C code in that mode. Like Python obfsproxy, we
+   treat an empty secret as no secret.
 """
 
 import hashlib
@@ -187,7 +188,9 @@ class Obfs2:
     def __init__(self, initiator, shared_secret=None, hash_iterations=HASH_ITERATIONS,
                  randbytes=secrets.token_bytes, padlen=None):
         self.initiator = initiator
-        if shared_secret is None:
+        # An empty secret is no secret, as in Python obfsproxy ("if secret:"),
+        # so that a SOCKS argument "shared-secret=" still talks to it.
+        if not shared_secret:
             self.secret_hash = None
         else:
             if isinstance(shared_secret, str):

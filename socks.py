@@ -30,6 +30,12 @@ METHOD_NO_AUTH = 0x00
 METHOD_USERPASS = 0x02
 METHOD_NONE_ACCEPTABLE = 0xFF
 
+# RFC 1929 username/password subnegotiation: VER=01, then STATUS (00 = success;
+# anything else is a failure, after which the server closes).
+USERPASS_VERSION = 0x01
+USERPASS_SUCCESS = b"\x01\x00"
+USERPASS_FAILURE = b"\x01\x01"
+
 ATYP_IPV4 = 1
 ATYP_DOMAIN = 3
 ATYP_IPV6 = 4
@@ -134,6 +140,9 @@ class SocksServer:
 
     ``receive(data) -> bytes`` returns what to send back now. When the request
     is complete, ``request`` is set and further ``receive`` calls are an error.
+    ``receive`` raises ``SocksError`` as soon as the bytes so far show the
+    client is wrong; its ``reply`` is everything to send before closing,
+    including the answers to earlier messages that came in the same chunk.
     ``reply(code, host, port)`` formats the final answer for the version the
     client spoke (SOCKS4 maps every failure to 5B).
     """
@@ -151,7 +160,13 @@ class SocksServer:
         self._buffer += data
         out = b""
         while self.request is None:
-            step = self._step()
+            try:
+                step = self._step()
+            except SocksError as exc:
+                # A pipelining client gets the answers to the messages before
+                # the bad one first, or it would read the failure as one of them.
+                exc.reply = out + exc.reply
+                raise
             if step is None:  # need more bytes
                 break
             out += step
@@ -171,13 +186,16 @@ class SocksServer:
     def _version(self):
         if not self._buffer:
             return None
-        self.version = self._buffer[0]
-        if self.version == SOCKS5_VERSION:
+        version = self._buffer[0]
+        if version == SOCKS5_VERSION:
             self._step = self._socks5_greeting
-        elif self.version == SOCKS4_VERSION:
+        elif version == SOCKS4_VERSION:
             self._step = self._socks4_request
         else:
-            raise SocksError("not a SOCKS4 or SOCKS5 client (first byte 0x%02x)" % self.version)
+            # Not SOCKS at all (an HTTP client, a prober): no reply we could
+            # send would mean anything to it.
+            raise SocksError("not a SOCKS4 or SOCKS5 client (first byte 0x%02x)" % version)
+        self.version = version
         return b""
 
     def _socks4_request(self):
@@ -199,13 +217,15 @@ class SocksServer:
                     self._fail("SOCKS4a host name too long", GENERAL_FAILURE)
                 return None
             host = self._decode(self._buffer[consumed:host_end], "SOCKS4a host name")
+            if not host:
+                self._fail("empty SOCKS4a host name", GENERAL_FAILURE)
             consumed = host_end + 1
         else:
             host = str(ipaddress.IPv4Address(ip))
         if cd != CMD_CONNECT:
             self._fail("SOCKS4 command %d is not supported (CONNECT only)" % cd,
                        COMMAND_NOT_SUPPORTED)
-        args = self._parse_args(self._decode(userid, "SOCKS4 USERID"))
+        args = self._parse_args(userid, self.reply(GENERAL_FAILURE))
         self._finish(host, port, args, consumed)
         return b""
 
@@ -228,10 +248,12 @@ class SocksServer:
     def _socks5_userpass(self):
         # VER=01 ULEN UNAME[ULEN] PLEN PASSWD[PLEN]
         b = self._buffer
+        if not b:
+            return None
+        if b[0] != USERPASS_VERSION:
+            raise SocksError("bad username/password version %d" % b[0], USERPASS_FAILURE)
         if len(b) < 2 or len(b) < 3 + b[1] or len(b) < 3 + b[1] + b[2 + b[1]]:
             return None
-        if b[0] != 1:
-            raise SocksError("bad username/password version %d" % b[0], b"\x01\x01")
         ulen = b[1]
         plen = b[2 + ulen]
         uname = bytes(b[2:2 + ulen])
@@ -241,19 +263,18 @@ class SocksServer:
         # NUL in PASSWD is a placeholder, not part of the arguments.
         if passwd == b"\0":
             passwd = b""
-        try:
-            self._args = parse_args((uname + passwd).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise SocksError("bad per-connection arguments: %s" % exc, b"\x01\x01")
+        self._args = self._parse_args(uname + passwd, USERPASS_FAILURE)
         self._step = self._socks5_request
-        return b"\x01\x00"
+        return USERPASS_SUCCESS
 
     def _socks5_request(self):
-        # VER=05 CMD RSV=00 ATYP DST.ADDR DST.PORT
+        # VER=05 CMD RSV=00 ATYP DST.ADDR DST.PORT(2), where DST.ADDR is 4
+        # bytes (IPv4), 16 bytes (IPv6), or a length byte and a domain name.
+        # An unknown ATYP is refused at once: its length cannot be known.
         b = self._buffer
-        if len(b) < 5:
+        if len(b) < 4:
             return None
-        ver, cmd, _, atyp = b[0], b[1], b[2], b[3]
+        ver, cmd, atyp = b[0], b[1], b[3]
         if ver != SOCKS5_VERSION:
             self._fail("bad SOCKS5 request version %d" % ver, GENERAL_FAILURE)
         if atyp == ATYP_IPV4:
@@ -261,6 +282,8 @@ class SocksServer:
         elif atyp == ATYP_IPV6:
             end = 4 + 16
         elif atyp == ATYP_DOMAIN:
+            if len(b) < 5:
+                return None
             end = 5 + b[4]
         else:
             self._fail("SOCKS5 address type %d is not supported" % atyp,
@@ -286,11 +309,13 @@ class SocksServer:
         except UnicodeDecodeError:
             self._fail("%s is not ASCII" % what, GENERAL_FAILURE)
 
-    def _parse_args(self, text):
+    def _parse_args(self, raw, failure_reply):
+        """pt-spec 3.5 arguments from the SOCKS4 USERID or the SOCKS5
+        UNAME | PASSWD bytes, decoded the same way for both."""
         try:
-            return parse_args(text)
-        except ValueError as exc:
-            self._fail("bad per-connection arguments: %s" % exc, GENERAL_FAILURE)
+            return parse_args(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise SocksError("bad per-connection arguments: %s" % exc, failure_reply)
 
     def _finish(self, host, port, args, consumed):
         trailing = bytes(self._buffer[consumed:])
