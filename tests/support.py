@@ -123,8 +123,12 @@ def tunnel(transport="obfs2", *extra, dest, family="127.0.0.1"):
     listen = "[::1]:0" if family == "::1" else "127.0.0.1:0"
     server = Proxy("server", "--transport=" + transport, "--dest=" + fmt(dest), listen,
                    "--log-min-severity=info", *extra)
-    client = Proxy("client", "--transport=" + transport, listen,
-                   "--log-min-severity=info", *extra)
+    try:
+        client = Proxy("client", "--transport=" + transport, listen,
+                       "--log-min-severity=info", *extra)
+    except BaseException:
+        server.stop()
+        raise
     return server, client
 
 
