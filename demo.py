@@ -1,65 +1,61 @@
-"""``obfsproxy.py demo``: the whole tunnel on 127.0.0.1, in one process.
+"""``obfsproxy.py demo``: the whole tunnel on 127.0.0.1, in one process, annotated.
 
     demo app --SOCKS5--> client ===obfs2===> server --plain--> echo service
                                   ^
                        the wire: what a censor sees
 
-It starts an echo service, an obfs2 server in front of it and a SOCKS client,
-sends a message that starts like a TLS record (the kind of fixed string DPI
-looks for), and prints the message beside the bytes that crossed the wire.
+It starts an echo service, an obfs2 server in front of it and a SOCKS client
+(real sockets, threads of this process), sends a message that starts like a
+TLS ClientHello (the kind of fixed string DPI looks for), and then shows:
+
+1. each side's handshake message as it crossed the wire, field by field;
+2. the key schedule, as the code derived it from the two seeds;
+3. the first application bytes, in clear and as sent;
+4. what a string-matching filter saw, and what a censor who knows obfs2 sees.
+
+Every value printed is checked: the keys shown decrypt the recorded wire
+bytes back to the message, and each side read the other's PADLEN. The
+presentation helpers live in capture.py, which ``unmask`` shares.
 """
 
+import math
 import socket
 import struct
+import sys
 import threading
+import time
 
+import capture
+import obfs2
 import obfsproxy
 
 MESSAGE = (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
            b" <- a TLS ClientHello starts like this; a DPI box matches it. "
            b"Hello from the other side of the obfs2 tunnel!")
+SIGNATURES = [("TLS record header 16 03 01", b"\x16\x03\x01"), ('"ClientHello"', b"ClientHello"),
+              ('"obfs2 tunnel"', b"obfs2 tunnel")]
 
 
-class Wire:
-    """Records what one transport put on and took off the wire."""
+class TappedSettings(obfsproxy.Settings):
+    """Settings whose transports keep a copy of their wire bytes in memory
+    (``capture.Recorder``, the same wrapper as --record-dir)."""
 
-    def __init__(self):
-        self.sent = bytearray()
-        self.received = bytearray()
-
-
-class RecordingTransport:
-    """Wraps a transport and copies every wire byte into a ``Wire``."""
-
-    def __init__(self, inner, wire):
-        self.inner, self.wire, self.name = inner, wire, inner.name
-
-    @property
-    def is_open(self):
-        return self.inner.is_open
-
-    def start(self):
-        data = self.inner.start()
-        self.wire.sent += data
-        return data
-
-    def receive(self, data):
-        self.wire.received += data
-        return self.inner.receive(data)
-
-    def send(self, data):
-        out = self.inner.send(data)
-        self.wire.sent += out
-        return out
-
-
-class RecordingSettings(obfsproxy.Settings):
-    def __init__(self, wire, **kwargs):
+    def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.wire = wire
+        self.taps = []            # (transport, bytes it sent, bytes it received)
 
     def new_transport(self, initiator, args=None):
-        return RecordingTransport(super().new_transport(initiator, args), self.wire)
+        transport = super().new_transport(initiator, args)
+        sent, received = bytearray(), bytearray()
+        self.taps.append((transport, sent, received))
+        return capture.Recorder(transport, sent.extend, received.extend)
+
+
+def innermost(transport):
+    """The protocol object under any --record-dir wrapper."""
+    while isinstance(transport, capture.Recorder):
+        transport = transport.inner
+    return transport
 
 
 def echo_service():
@@ -110,28 +106,29 @@ def recv_exact(sock, n):
     return data
 
 
-def hexline(data, limit=32):
-    shown = " ".join("%02x" % b for b in data[:limit])
-    return shown + (" ..." if len(data) > limit else "")
+def entropy(data):
+    """Shannon entropy in bits per byte (uniformly random bytes: close to 8)."""
+    counts = [0] * 256
+    for byte in data:
+        counts[byte] += 1
+    return -sum(c / len(data) * math.log2(c / len(data)) for c in counts if c)
 
 
-def main(args):
-    settings, _ = obfsproxy.settings_from_args(args)
-    wire = Wire()
+def run_exchange(settings):
+    """Echo, server and client on 127.0.0.1; send MESSAGE through them.
+    Returns (echoed bytes, client taps, server taps, addresses, seconds)."""
     common = dict(transport=settings.transport, shared_secret=settings.shared_secret,
                   hash_iterations=settings.hash_iterations,
-                  handshake_timeout=settings.handshake_timeout)
+                  handshake_timeout=settings.handshake_timeout, record_dir=settings.record_dir)
     echo_address, echo_listener = echo_service()
+    server_settings = TappedSettings(dest=echo_address, **common)
+    client_settings = TappedSettings(**common)
     proxy = obfsproxy.Proxy()
-    server_address = proxy.listen(("127.0.0.1", 0), obfsproxy.handle_server,
-                                  obfsproxy.Settings(dest=echo_address, **common))
-    client_address = proxy.listen(("127.0.0.1", 0), obfsproxy.handle_socks_client,
-                                  RecordingSettings(wire, **common))
+    server_address = proxy.listen(("127.0.0.1", 0), obfsproxy.handle_server, server_settings)
+    client_address = proxy.listen(("127.0.0.1", 0), obfsproxy.handle_socks_client, client_settings)
     threading.Thread(target=proxy.serve, daemon=True).start()
+    started = time.perf_counter()
     try:
-        print("echo service    %s" % obfsproxy.format_address(echo_address))
-        print("%s server    %s  -> echo" % (settings.transport, obfsproxy.format_address(server_address)))
-        print("%s client    %s  (SOCKS)" % (settings.transport, obfsproxy.format_address(client_address)))
         with socks5_connect(client_address, server_address) as sock:
             sock.sendall(MESSAGE)
             sock.shutdown(socket.SHUT_WR)
@@ -144,19 +141,153 @@ def main(args):
     finally:
         proxy.stop()
         echo_listener.close()
-    handshake = len(wire.sent) - len(MESSAGE)
-    on_wire = bytes(wire.sent[handshake:])
-    print()
-    print("application sent  %4d bytes: %s" % (len(MESSAGE), hexline(MESSAGE)))
-    print("the wire carried  %4d bytes: %s" % (len(wire.sent), hexline(wire.sent)))
-    print("  = %d bytes of handshake (seed, magic, padding length, padding)" % handshake)
-    print("  + %d bytes of data:         %s" % (len(on_wire), hexline(on_wire)))
-    print("echo came back    %4d bytes: %s" % (len(echoed), hexline(echoed)))
-    print()
-    print("TLS signature 16 03 01 visible on the wire: %s"
-          % ("yes" if b"\x16\x03\x01" in wire.sent else "no"))
-    if echoed != MESSAGE:
-        print("FAILED: the echo differs from the message")
+    addresses = (echo_address, server_address, client_address)
+    return (echoed, client_settings.taps[0], server_settings.taps[0], addresses,
+            time.perf_counter() - started)
+
+
+def main(args):
+    settings, _ = obfsproxy.settings_from_args(args)
+    style = capture.Style.for_stream(sys.stdout)
+    title = lambda text: print("\n" + style("title", text))
+    try:
+        echoed, client_tap, server_tap, addresses, seconds = run_exchange(settings)
+    except (RuntimeError, OSError) as exc:
+        print(style("bad", "FAILED: the demo connection did not work: %s" % exc))
         return 1
-    print("OK: the message crossed the tunnel and came back byte for byte.")
+    client, c_sent, c_received = innermost(client_tap[0]), bytes(client_tap[1]), bytes(client_tap[2])
+    server, s_sent, s_received = innermost(server_tap[0]), bytes(server_tap[1]), bytes(server_tap[2])
+    echo_address, server_address, client_address = addresses
+
+    print(style("title", "obfsproxy.py demo: the %s tunnel on 127.0.0.1, in one process"
+                % settings.transport))
+    print("  demo app --SOCKS5--> client %s ===%s===> server %s --plain--> echo %s"
+          % (obfsproxy.format_address(client_address), settings.transport,
+             obfsproxy.format_address(server_address), obfsproxy.format_address(echo_address)))
+    print("  The client is the initiator (it opened the TCP connection); the server is the responder.")
+    if settings.record_dir is not None:
+        print("  The wire bytes were also saved in %s: try `python obfsproxy.py unmask %s`."
+              % (settings.record_dir, settings.record_dir))
+    problems = []
+    if c_sent != s_received or s_sent != c_received:
+        problems.append("what one side sent differs from what the other received")
+
+    if isinstance(client, obfs2.Obfs2):
+        problems += explain_obfs2(client, server, c_sent, s_sent, style, title)
+        c_data = c_sent[obfs2.HEADER_LENGTH + client.padlen:]
+        s_data = s_sent[obfs2.HEADER_LENGTH + server.padlen:]
+    else:
+        title("1. and 2. The handshake and the keys: none")
+        print("  The %s transport has no handshake and no keys: the wire carries the application's "
+              "bytes unchanged." % settings.transport)
+        c_data, s_data = c_sent, s_sent
+    title("3. The first application bytes")
+    print("  the application sent %d bytes, in clear:" % len(MESSAGE))
+    for line in capture.hexdump(MESSAGE, 48):
+        print(style("clear", line))
+    print("  the client sent them as %s:"
+          % ("E(INIT_SECRET, message)" if c_data != MESSAGE else "they were"))
+    for line in capture.hexdump(c_data, 48):
+        print(style("wire", line))
+    print("  the echo came back; the server sent it as %s:"
+          % ("E(RESP_SECRET, echo)" if s_data != echoed else "it was"))
+    for line in capture.hexdump(s_data, 48):
+        print(style("wire", line))
+    if c_data != MESSAGE:
+        print("  Ciphertext length = plaintext length (%d bytes): obfs2 hides no sizes and no timing."
+              % len(c_data))
+
+    title("4. What a string-matching filter saw")
+    print("  %-28s  %-26s  %s" % ("pattern", "in the application's bytes", "on the wire (both ways)"))
+    wire = c_sent + s_sent
+    for name, pattern in SIGNATURES:
+        at = MESSAGE.find(pattern)
+        seen = wire.find(pattern)
+        print("  %-28s  %-26s  %s" % (name, "offset %d" % at if at >= 0 else "-",
+                                      style("bad", "offset %d: MATCH" % seen) if seen >= 0
+                                      else style("ok", "not found")))
+    print("  byte entropy: message %.1f bits/byte, wire %.1f bits/byte (random bytes: 8)"
+          % (entropy(MESSAGE), entropy(wire)))
+    if isinstance(client, obfs2.Obfs2):
+        print("  A filter matching strings or regular expressions sees random-looking bytes from the\n"
+              "  first byte on: that is all obfs2 is for. (An entropy test already flags that.)")
+        if client.secret_hash is None:
+            print("  A censor who knows obfs2 needs no string: one SHA-256 over the first 16 bytes and\n"
+                  "  one AES block over the next 8 reveal 2b f5 ca 7e (`obfsproxy.py detect`), and the\n"
+                  "  two seeds, sent in clear, give every key above (`obfsproxy.py unmask`).")
+            print("  Try `python obfsproxy.py demo --shared-secret=SECRET` to see what a shared "
+                  "secret changes.")
+        else:
+            n = client.iterations
+            print("  With a shared secret the seeds alone no longer give the keys. A censor who knows\n"
+                  "  the secret (it is in the bridge line) pays %d SHA-256 to detect a connection and\n"
+                  "  4 x %d = %d to read it; one who does not must guess it, at %d SHA-256 a guess."
+                  % (n, n, 4 * n, n))
+    else:
+        print("  With --transport=dummy every signature is on the wire: this is what obfs2 removes.")
+
+    print()
+    if echoed != MESSAGE:
+        problems.append("the echo differs from the message")
+    for problem in problems:
+        print(style("bad", "FAILED: %s" % problem))
+    if problems:
+        return 1
+    print(style("ok", "OK") + ": the message crossed the tunnel and came back byte for byte "
+          "(%.2f s). More: docs/PROTOCOL.md" % seconds)
     return 0
+
+
+def explain_obfs2(client, server, c_sent, s_sent, style, title):
+    """Sections 1 and 2: the handshake messages and the key schedule.
+    Returns a list of problems (values that do not check out)."""
+    problems = []
+    secret_hash, iterations = client.secret_hash, client.iterations
+    started = time.perf_counter()
+    rows = capture.key_schedule(client.seed, server.seed, secret_hash, iterations)
+    derive_seconds = time.perf_counter() - started
+    init_pad, resp_pad, init_secret, resp_secret = (row[3] for row in rows)
+
+    title("1. The handshake: each side sends one message at once, without waiting for the other")
+    for name, obj, sent, pad, initiator in (
+            ("client -> server: the initiator's message", client, c_sent, init_pad, True),
+            ("server -> client: the responder's message", server, s_sent, resp_pad, False)):
+        print("  %s, 24 + PADLEN = %d bytes" % (name, obfs2.HEADER_LENGTH + obj.padlen))
+        for line in capture.header_lines(sent, initiator, pad, style):
+            print(line)
+    print("  The receiver takes the seed, derives the sender's PAD key, checks MAGIC, drops PADLEN bytes;")
+    print("  the server read PADLEN %d (Obfs2.peer_padlen), the client read %d."
+          % (server.peer_padlen, client.peer_padlen))
+    if (server.peer_padlen, client.peer_padlen) != (client.padlen, server.padlen):
+        problems.append("a side read the wrong PADLEN")
+    if server.peer_seed != client.seed or client.peer_seed != server.seed:
+        problems.append("a side read the wrong seed")
+
+    title("2. The key schedule, as the code derived it (obfs2.pad_key, obfs2.data_keys)")
+    print("  INIT_SEED = %s (the client's Obfs2.seed)" % style("wire", client.seed.hex()))
+    print("  RESP_SEED = %s (the server's Obfs2.seed)" % style("wire", server.seed.hex()))
+    if secret_hash is None:
+        print("  MAC(s, x) = SHA-256(s | x | s). Each value m is one SHA-256 output:"
+              " AES-128 key = m[0:16],")
+    else:
+        print("  shared secret: H(SECRET) = %s" % secret_hash.hex())
+        print("  Every MAC becomes H^n(s | x | H(SECRET) | s), n = %d (--ss-hash-iterations)."
+              % iterations)
+        print("  Each value m is the last SHA-256 output: AES-128 key = m[0:16],")
+    print("  IV = m[16:32], the whole 128-bit CTR counter block.")
+    for line in capture.key_schedule_lines(rows, secret_hash, style):
+        print(line)
+    per_side = 4 * (1 if secret_hash is None else iterations)
+    print("  Each side computes all four (its own PAD key, the peer's, both data keys): "
+          "%d SHA-256,\n  %s here." % (per_side, capture.duration(derive_seconds)))
+    if secret_hash is not None:
+        print("  Without the secret that would be 4 SHA-256: the secret multiplies the cost by %d,\n"
+              "  for both ends and for a censor who knows it." % iterations)
+    # Check that these are the keys the tunnel used: they must decrypt the wire.
+    for name, sent, obj, m in (("INIT_SECRET", c_sent, client, init_secret),
+                               ("RESP_SECRET", s_sent, server, resp_secret)):
+        if obfs2.ctr(m).decrypt(sent[obfs2.HEADER_LENGTH + obj.padlen:]) != MESSAGE:
+            problems.append("%s does not decrypt the recorded data" % name)
+    if not problems:
+        print("  Checked: INIT_SECRET and RESP_SECRET decrypt the recorded wire bytes back to the message.")
+    return problems
