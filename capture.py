@@ -518,9 +518,9 @@ def _appender(path):
     return append
 
 
-def record_to_dir(transport, directory):
-    """Wrap ``transport`` so that its connection's wire bytes are saved in
-    ``directory`` (created if needed; warned about once per process)."""
+def prepare_record_dir(directory):
+    """Create ``directory`` and warn that traffic is being stored: once per
+    process and directory (call it at startup; ``record_to_dir`` calls it too)."""
     directory = Path(directory)
     with _record_lock:
         if directory not in _record_dirs:
@@ -529,6 +529,14 @@ def record_to_dir(transport, directory):
                         "This stores traffic, which anyone can decrypt with `obfsproxy.py "
                         "unmask`: for teaching and debugging only.", directory)
             _record_dirs.add(directory)
+    return directory
+
+
+def record_to_dir(transport, directory):
+    """Wrap ``transport`` so that its connection's wire bytes are saved in
+    ``directory`` as <prefix>.initiator.bin and <prefix>.responder.bin."""
+    directory = prepare_record_dir(directory)
+    with _record_lock:
         number = next(_record_numbers)
     prefix = "%s-%s-%d-%d" % (time.strftime("%Y%m%d-%H%M%S"),
                               "client" if transport.initiator else "server", os.getpid(), number)
