@@ -505,6 +505,14 @@ class Recorder:
         self._sent(out)
         return out
 
+    def receive_in_place(self, buffer):
+        self._received(bytes(buffer))
+        self.inner.receive_in_place(buffer)
+
+    def send_in_place(self, buffer):
+        self.inner.send_in_place(buffer)
+        self._sent(bytes(buffer))
+
 
 _record_lock = threading.Lock()
 _record_numbers = itertools.count(1)

@@ -178,6 +178,10 @@ class Obfs2:
     ``is_open``
         True once the peer's seed and padding have arrived and both data keys
         exist.
+    ``send_in_place(buffer)``, ``receive_in_place(buffer)``
+        The data phase's fast path: transform the bytes of a writable buffer
+        (a memoryview of a bytearray) where they lie, with no new allocation.
+        The same keystreams as ``send`` and ``receive``; only once ``is_open``.
 
     ``initiator`` is True for the side that opened the TCP connection (our
     client), False for the side that accepted it (our server).
@@ -262,8 +266,9 @@ class Obfs2:
         init_secret, resp_secret = data_keys(init_seed, resp_seed,
                                              self.secret_hash, self.iterations)
         ours, theirs = (init_secret, resp_secret) if self.initiator else (resp_secret, init_secret)
-        self._encrypt = ctr(ours).encrypt
-        self._decrypt = ctr(theirs).decrypt
+        self._send_stream, self._receive_stream = ctr(ours), ctr(theirs)
+        self._encrypt = self._send_stream.encrypt
+        self._decrypt = self._receive_stream.decrypt
         self.state = OPEN
         trailing, self._buffer = bytes(self._buffer), None
         return self._decrypt(trailing) if trailing else b""
@@ -272,3 +277,13 @@ class Obfs2:
         if self._encrypt is None:
             raise RuntimeError("obfs2: send() before the handshake completed")
         return self._encrypt(plaintext)
+
+    def send_in_place(self, buffer):
+        if self._encrypt is None:
+            raise RuntimeError("obfs2: send_in_place() before the handshake completed")
+        self._encrypt(buffer, output=buffer)
+
+    def receive_in_place(self, buffer):
+        if self._decrypt is None:
+            raise RuntimeError("obfs2: receive_in_place() before the handshake completed")
+        self._decrypt(buffer, output=buffer)
