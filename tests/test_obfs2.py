@@ -234,6 +234,30 @@ def test_pair_talks_both_ways(split, padlens):
     assert initiator.send(b"same") != initiator.send(b"same")
 
 
+def test_in_place_methods_continue_the_same_keystreams():
+    """The relay's fast path: send_in_place/receive_in_place transform a
+    buffer where it lies, interleaved freely with send/receive."""
+    initiator, responder = make_pair(5, 9)
+    with pytest.raises(RuntimeError):
+        initiator.send_in_place(bytearray(3))
+    with pytest.raises(RuntimeError):
+        initiator.receive_in_place(bytearray(3))
+    connect(initiator, responder)
+    reference_initiator, reference_responder = make_pair(5, 9)
+    connect(reference_initiator, reference_responder)
+    for message in [b"first", filler(70000), b"", b"last"]:
+        buffer = bytearray(message)
+        initiator.send_in_place(memoryview(buffer))
+        assert bytes(buffer) == reference_initiator.send(message)
+        responder.receive_in_place(memoryview(buffer))
+        assert bytes(buffer) == message
+        wire = responder.send(message)
+        buffer = bytearray(wire)
+        initiator.receive_in_place(memoryview(buffer))
+        assert bytes(buffer) == message
+        assert reference_initiator.receive(reference_responder.send(message)) == message
+
+
 @pytest.mark.parametrize("split", SPLITS, ids=lambda s: s.__name__)
 def test_data_glued_to_the_handshake_comes_out(split):
     # The responder may send data right behind its handshake (it knows both
