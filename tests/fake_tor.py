@@ -1,0 +1,366 @@
+"""A fake Tor for managed-mode tests: the parts of Tor a transport talks to.
+
+``ManagedPT`` starts ``obfsproxy.py managed`` the way Tor does (environment in,
+stdin kept open, stdout read line by line) and checks that *every* stdout line
+is a pluggable-transport message. ``ExtORPort`` is Tor's Extended ORPort:
+SAFE_COOKIE authentication, then USERADDR / TRANSPORT / DONE, answered with
+OKAY or DENY, then an echo service standing in for the OR stream.
+
+Synchronisation is on real events only: lines on stdout, a refused connect,
+a process exit.
+"""
+
+import hashlib
+import hmac
+import io
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+from support import PROGRAM, ROOT, LineReader, echo, recv_exact
+
+import obfs2
+
+ADDR = r"(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-fA-F:.]+\]):\d{1,5}"
+MESSAGES = {  # pt-spec version 1, everything a transport may print
+    "VERSION": r"VERSION (?P<version>\S+)",
+    "VERSION-ERROR": r"VERSION-ERROR (?P<message>.+)",
+    "ENV-ERROR": r"ENV-ERROR (?P<message>.+)",
+    "PROXY DONE": r"PROXY DONE",
+    "PROXY-ERROR": r"PROXY-ERROR (?P<message>.+)",
+    "CMETHOD": r"CMETHOD (?P<name>[A-Za-z_][A-Za-z0-9_]*) (?P<socks>socks4|socks5) "
+               r"(?P<address>%s)(?: ARGS:(?P<args>\S*))?(?: OPT-ARGS:\S*)?" % ADDR,
+    "CMETHOD-ERROR": r"CMETHOD-ERROR (?P<name>\S+) (?P<message>.+)",
+    "CMETHODS DONE": r"CMETHODS DONE",
+    "SMETHOD": r"SMETHOD (?P<name>[A-Za-z_][A-Za-z0-9_]*) (?P<address>%s)"
+               r"(?: ARGS:(?P<args>\S*))?" % ADDR,
+    "SMETHOD-ERROR": r"SMETHOD-ERROR (?P<name>\S+) (?P<message>.+)",
+    "SMETHODS DONE": r"SMETHODS DONE",
+    "LOG": r'LOG SEVERITY=(?:error|warning|notice|info|debug) MESSAGE=".*"',
+    "STATUS": r"STATUS TRANSPORT=\S+ .*",
+}
+_FINAL = re.compile(r"^(CMETHODS DONE|SMETHODS DONE|ENV-ERROR|VERSION-ERROR|PROXY-ERROR)")
+
+
+def parse_message(line):
+    """(keyword, {field: value}) for a PT message; AssertionError otherwise."""
+    for keyword, pattern in MESSAGES.items():
+        match = re.fullmatch(pattern, line)
+        if match:
+            return keyword, match.groupdict()
+    raise AssertionError("not a pluggable-transport message on stdout: %r" % line)
+
+
+def parse_address(text):
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def tor_env(state_dir, **variables):
+    """The environment Tor gives a transport: its own (minus any TOR_PT_*),
+    plus the given TOR_PT_* variables (None removes one)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOR_PT_")}
+    env["TOR_PT_MANAGED_TRANSPORT_VER"] = "1"
+    env["TOR_PT_STATE_LOCATION"] = str(state_dir)
+    for key, value in variables.items():
+        name = key if key.startswith("TOR_PT_") else "TOR_PT_" + key
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+class _StdoutReader(LineReader):
+    """Binary stdout: a line counts only with its "\\n"; a "\\r" or a last line
+    without newline is kept visible so that parse_message rejects it."""
+
+    def _pump(self, stream):
+        for raw in stream:
+            text = raw.decode("utf-8", "replace")
+            self._queue.put(text[:-1] if text.endswith("\n") else "<no newline>" + text)
+        self.ended = True
+        self._queue.put(None)
+
+    ended = False
+
+    def rest(self, timeout=5.0):
+        if self.ended and self._queue.empty():   # the end was already read by wait_for
+            return self.lines
+        return super().rest(timeout)
+
+
+class ManagedPT:
+    """``obfsproxy.py managed <args>`` started like Tor starts it.
+
+    ``messages`` holds the parsed stdout lines read so far; ``cmethods`` and
+    ``smethods`` map a transport name to its announced (host, port).
+    """
+
+    def __init__(self, env, *args, command=None, stdin=subprocess.PIPE, wait=True,
+                 mode="managed"):
+        self.env = env
+        argv = command or [sys.executable, PROGRAM, mode, *args]
+        self.process = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, env=env, cwd=str(ROOT))
+        self.stdout = _StdoutReader(self.process.stdout)
+        self.stderr = LineReader(io.TextIOWrapper(self.process.stderr, encoding="utf-8",
+                                                  errors="replace"))
+        self.messages = []
+        if wait:
+            self.configured()
+
+    def configured(self, timeout=20.0):
+        """Read stdout until configuration ends: one DONE line per role in the
+        environment (client, server), or an error line. Returns the messages."""
+        roles = ("TOR_PT_CLIENT_TRANSPORTS" in self.env) + ("TOR_PT_SERVER_TRANSPORTS" in self.env)
+        done = 0
+        while True:
+            try:
+                line = self.stdout.wait_for(r"^", timeout).string
+            except AssertionError as exc:
+                self.stderr.rest(timeout=1)
+                raise AssertionError("%s; stderr: %r" % (exc, self.stderr.lines[-10:]))
+            self.messages.append(parse_message(line))
+            if _FINAL.match(line):
+                if not line.endswith("DONE"):
+                    return self.messages
+                done += 1
+                if done >= roles:
+                    return self.messages
+
+    def keywords(self):
+        return [keyword for keyword, _ in self.messages]
+
+    @property
+    def cmethods(self):
+        return {f["name"]: parse_address(f["address"]) for k, f in self.messages if k == "CMETHOD"}
+
+    @property
+    def smethods(self):
+        return {f["name"]: parse_address(f["address"]) for k, f in self.messages if k == "SMETHOD"}
+
+    def field(self, keyword, name="message"):
+        for k, fields in self.messages:
+            if k == keyword:
+                return fields[name]
+        raise AssertionError("no %s line in %r" % (keyword, self.stdout.lines))
+
+    def close_stdin(self):
+        self.process.stdin.close()
+
+    def signal(self, signum):
+        self.process.send_signal(signum)
+
+    def wait(self, timeout=10.0):
+        """The exit status; AssertionError if it is still running after ``timeout``."""
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("managed transport still running after %.0f s; stderr: %r"
+                                 % (timeout, self.stderr.lines[-10:]))
+
+    def finish(self):
+        """Kill if still running, then check that every stdout line was a PT message."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.stdout.rest(timeout=5)
+        self.stderr.rest(timeout=2)
+        for line in self.stdout.lines[len(self.messages):]:
+            self.messages.append(parse_message(line))
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if stream:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        return self.process.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.finish()
+
+
+def assert_refused(address, timeout=10.0):
+    """Wait until nothing listens on ``address`` any more (a real event:
+    connect is refused); AssertionError after ``timeout``."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(address, timeout=2).close()
+        except ConnectionRefusedError:
+            return
+        except (ConnectionResetError, ConnectionAbortedError):
+            pass    # caught in the listen queue as the listener closed: try again
+        if time.monotonic() > end:
+            raise AssertionError("%r still accepts connections" % (address,))
+        time.sleep(0.02)  # polling a real condition, not a sleep standing in for one
+
+
+# --- obfs2 client for tests: we know our own address, so USERADDR can be checked ---
+
+class Obfs2Client:
+    """An obfs2 initiator on a plain socket, in the test process."""
+
+    def __init__(self, address, shared_secret=None, hash_iterations=obfs2.HASH_ITERATIONS,
+                 timeout=10.0):
+        self.sock = socket.create_connection(address, timeout=timeout)
+        self.transport = obfs2.Obfs2(True, shared_secret=shared_secret,
+                                     hash_iterations=hash_iterations)
+        self.sock.sendall(self.transport.start())
+        self.buffer = b""
+        while not self.transport.is_open:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("server closed during the obfs2 handshake")
+            self.buffer += self.transport.receive(data)
+
+    @property
+    def local_address(self):
+        return self.sock.getsockname()[:2]
+
+    def send(self, data):
+        self.sock.sendall(self.transport.send(data))
+
+    def recv_exact(self, n):
+        while len(self.buffer) < n:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed after %d of %d bytes" % (len(self.buffer), n))
+            self.buffer += self.transport.receive(data)
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def recv_eof(self):
+        """All plaintext until the server closes."""
+        while True:
+            data = self.sock.recv(65536)
+            if not data:
+                out, self.buffer = self.buffer, b""
+                return out
+            self.buffer += self.transport.receive(data)
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# --- The Extended ORPort -------------------------------------------------------------
+
+COOKIE_HEADER = b"! Extended ORPort Auth Cookie !\n"
+
+
+def write_cookie(path, cookie=None):
+    """Write Tor's 64-byte cookie file; returns the 32-byte cookie."""
+    cookie = cookie or os.urandom(32)
+    with open(path, "wb") as f:
+        f.write(COOKIE_HEADER + cookie)
+    return cookie
+
+
+class ExtORPort:
+    """Tor's Extended ORPort, server side (ext-orport-spec), then an echo.
+
+    ``answer`` is "OKAY" or "DENY". Each connection appends a dict to
+    ``sessions``: client_hash_ok, useraddr, transport, done, error.
+    ``finished`` is set each time a session has been recorded completely.
+    """
+
+    def __init__(self, cookie, answer="OKAY", host="127.0.0.1"):
+        self.cookie, self.answer = cookie, answer
+        self.sessions = []
+        self.finished = threading.Semaphore(0)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        self.listener.bind((host, 0))
+        self.listener.listen(16)
+        self.address = self.listener.getsockname()[:2]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        session = {"client_hash_ok": None, "useraddr": None, "transport": None,
+                   "done": False, "error": None}
+        try:
+            with conn:
+                conn.settimeout(10)
+                self._session(conn, session)
+        except (OSError, AssertionError) as exc:
+            session["error"] = repr(exc)
+        finally:
+            self.sessions.append(session)
+            self.finished.release()
+
+    def _session(self, conn, session):
+        # 1. Our authentication types: SAFE_COOKIE (1), end of list (0).
+        conn.sendall(b"\x01\x00")
+        # 2. The client's choice and ClientNonce.
+        chosen = recv_exact(conn, 1)
+        assert chosen == b"\x01", "client chose auth type %r" % chosen
+        client_nonce = recv_exact(conn, 32)
+        # 3. ServerHash | ServerNonce.
+        server_nonce = os.urandom(32)
+        conn.sendall(_hmac(self.cookie, b"ExtORPort authentication server-to-client hash",
+                           client_nonce, server_nonce) + server_nonce)
+        # 4. ClientHash, checked; 5. our verdict.
+        client_hash = recv_exact(conn, 32)
+        session["client_hash_ok"] = hmac.compare_digest(client_hash, _hmac(
+            self.cookie, b"ExtORPort authentication client-to-server hash",
+            client_nonce, server_nonce))
+        conn.sendall(b"\x01" if session["client_hash_ok"] else b"\x00")
+        if not session["client_hash_ok"]:
+            return
+        # 6. Commands until DONE.
+        while True:
+            kind, length = struct.unpack("!HH", recv_exact(conn, 4))
+            body = recv_exact(conn, length) if length else b""
+            if kind == 0x0001:
+                session["useraddr"] = body.decode()
+            elif kind == 0x0002:
+                session["transport"] = body.decode()
+            elif kind == 0x0000:
+                session["done"] = True
+                break
+        if self.answer != "OKAY":
+            conn.sendall(struct.pack("!HH", 0x1001, 0))
+            return
+        conn.sendall(struct.pack("!HH", 0x1000, 0))
+        echo(conn)
+
+    def wait_session(self, timeout=10.0):
+        """The next recorded session (after its connection ended)."""
+        assert self.finished.acquire(timeout=timeout), "no Extended ORPort session ended"
+        return self.sessions[-1]
+
+    def close(self):
+        self.listener.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _hmac(key, label, client_nonce, server_nonce):
+    return hmac.new(key, label + client_nonce + server_nonce, hashlib.sha256).digest()

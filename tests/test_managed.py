@@ -1,0 +1,602 @@
+r"""Managed mode (pt-spec v1): the environment parsers, the Extended ORPort
+handshake, and ``obfsproxy.py managed`` run as Tor runs it (tests/fake_tor.py).
+
+Every subprocess test goes through ``ManagedPT``, which fails the test if any
+stdout line is not a pluggable-transport message.
+"""
+
+import hashlib
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+
+import pytest
+from fake_tor import ExtORPort, ManagedPT, Obfs2Client, assert_refused, tor_env, write_cookie
+from support import (
+    PROGRAM,
+    ROOT,
+    EchoServer,
+    Proxy,
+    SocksReplyError,
+    recv_exact,
+    require_obfs4proxy,
+    socks5_connect,
+)
+
+import managed
+import obfsproxy
+
+FAST = "--ss-hash-iterations=10"   # shared-secret mode, cheap enough for tests
+POSIX_SIGNALS = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+
+def client_env(tmp_path, transports="obfs2", **variables):
+    settings = {"CLIENT_TRANSPORTS": transports, "EXIT_ON_STDIN_CLOSE": "1"}
+    settings.update(variables)
+    return tor_env(tmp_path / "client-state", **settings)
+
+
+def server_env(tmp_path, orport, transports="obfs2", bindaddr="obfs2-127.0.0.1:0", **variables):
+    # Like tor 0.4.9: TOR_PT_EXTENDED_SERVER_PORT is always set, empty when unused.
+    settings = {"SERVER_TRANSPORTS": transports, "SERVER_BINDADDR": bindaddr,
+                "ORPORT": "%s:%d" % orport, "EXTENDED_SERVER_PORT": "",
+                "EXIT_ON_STDIN_CLOSE": "1"}
+    settings.update(variables)
+    return tor_env(tmp_path / "server-state", **settings)
+
+
+def echo_round_trip(sock, payload):
+    """Send ``payload`` on a thread while reading the echo; returns what came back."""
+    sender = threading.Thread(target=sock.sendall, args=(payload,), daemon=True)
+    sender.start()
+    got = recv_exact(sock, len(payload))
+    sender.join(10)
+    return got
+
+
+def same(a, b):
+    return hashlib.sha256(a).digest() == hashlib.sha256(b).digest()
+
+
+def has_ipv6():
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+# --- Parsers (no I/O) ------------------------------------------------------------------
+
+def test_transport_options_with_escapes():
+    text = r"obfs2:shared-secret=a\:b\;c\=d\\e;dummy:x=1;obfs2:k=v=w"
+    assert managed.parse_transport_options(text) == {
+        "obfs2": {"shared-secret": "a:b;c=d\\e", "k": "v=w"}, "dummy": {"x": "1"}}
+    assert managed.parse_transport_options("") == {}
+
+
+@pytest.mark.parametrize("text", ["obfs2", "obfs2:novalue", ":k=v", "obfs2:=v", "obfs2:k=v\\"])
+def test_transport_options_malformed(text):
+    with pytest.raises(managed.EnvError):
+        managed.parse_transport_options(text)
+
+
+def test_bindaddrs():
+    assert managed.parse_bindaddrs("obfs2-0.0.0.0:1051, dummy-[::1]:0") == {
+        "obfs2": ("0.0.0.0", 1051), "dummy": ("::1", 0)}
+
+
+@pytest.mark.parametrize("text", ["obfs2", "obfs2-1.2.3.4", "obfs2-::1:0", "-1.2.3.4:5",
+                                  "obfs2-1.2.3.4:65536"])
+def test_bindaddrs_malformed(text):
+    with pytest.raises(managed.EnvError):
+        managed.parse_bindaddrs(text)
+
+
+def test_transport_names():
+    assert managed.parse_transports("obfs4,obfs2, obfs2,meek") == (["obfs2"], ["obfs4", "meek"])
+    assert managed.parse_transports("*") == (["obfs2", "dummy"], [])
+    assert managed.parse_transports("dummy,*") == (["dummy", "obfs2"], [])
+    assert managed.parse_transports("") == ([], [])
+
+
+def test_smethod_args_escaping():
+    assert managed.escape_arg(r"a=b,c\d;e:f") == r"a\=b\,c\\d;e:f"
+
+
+@pytest.mark.parametrize("offered, expected", [("1", "1"), ("3,1", "1"), ("2", None), ("", None)])
+def test_version_negotiation(offered, expected):
+    assert managed.negotiate_version({"TOR_PT_MANAGED_TRANSPORT_VER": offered}) == expected
+
+
+def test_version_missing_is_an_env_error():
+    with pytest.raises(managed.EnvError):
+        managed.negotiate_version({})
+
+
+# --- Stdout belongs to Tor --------------------------------------------------------------
+
+def test_announcer_keeps_each_message_on_one_line():
+    written = []
+    managed.Announcer(written.append).say("ENV-ERROR", "bad\nVERSION 1\r")
+    assert written == ["ENV-ERROR bad?VERSION 1?\n"]
+
+
+def test_nothing_but_messages_reaches_stdout():
+    """After take_stdout, prints, raw writes on fd 1 and tracebacks go to stderr."""
+    code = ("import os, sys; sys.path.insert(0, %r); import managed\n"
+            "tor = managed.take_stdout()\n"
+            "print('stray print'); os.write(1, b'stray fd write\\n'); sys.__stdout__.write('x\\n')\n"
+            "tor.say('VERSION', '1')\n"
+            "raise RuntimeError('boom')\n" % str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                          capture_output=True, timeout=30)
+    assert done.stdout == b"VERSION 1\n"
+    for text in (b"stray print", b"stray fd write", b"RuntimeError: boom"):
+        assert text in done.stderr
+
+
+# --- The Extended ORPort handshake, in process ------------------------------------------
+
+def ext_handshake(tmp_path, server_cookie, file_cookie, answer="OKAY",
+                  client=("2001:db8::1", 5678, 0, 0)):
+    cookie_file = tmp_path / "cookie"
+    write_cookie(cookie_file, file_cookie)
+    with ExtORPort(server_cookie, answer) as ext:
+        with socket.create_connection(ext.address, timeout=10) as sock:
+            try:
+                managed.ext_orport_handshake(sock, cookie_file, client, "obfs2",
+                                             obfsproxy.Deadline(10))
+                sock.sendall(b"hello")
+                assert recv_exact(sock, 5) == b"hello"
+            finally:
+                sock.close()
+                session = ext.wait_session()
+    return session
+
+
+def test_ext_orport_okay(tmp_path):
+    cookie = os.urandom(32)
+    session = ext_handshake(tmp_path, cookie, cookie)
+    assert session["client_hash_ok"] is True
+    assert session["useraddr"] == "[2001:db8::1]:5678"
+    assert session["transport"] == "obfs2"
+    assert session["done"] is True
+
+
+def test_ext_orport_deny_is_a_typed_oserror(tmp_path):
+    cookie = os.urandom(32)
+    with pytest.raises(managed.ExtORPortError, match="denied") as info:
+        ext_handshake(tmp_path, cookie, cookie, answer="DENY", client=("192.0.2.7", 4000))
+    assert isinstance(info.value, OSError)
+
+
+def test_ext_orport_wrong_cookie(tmp_path):
+    with pytest.raises(managed.ExtORPortError, match="wrong server hash"):
+        ext_handshake(tmp_path, os.urandom(32), os.urandom(32))
+
+
+def test_ext_orport_bad_cookie_file(tmp_path):
+    (tmp_path / "cookie").write_bytes(b"not a cookie")
+    with pytest.raises(managed.ExtORPortError, match="not an Extended ORPort cookie"):
+        with socket.socket() as sock:
+            managed.ext_orport_handshake(sock, tmp_path / "cookie", ("127.0.0.1", 1), "obfs2",
+                                         obfsproxy.Deadline(1))
+
+
+# --- The environment matrix ---------------------------------------------------------------
+
+def run_to_exit(env, *args):
+    with ManagedPT(env, *args) as pt:
+        status = pt.wait(10)
+    return pt, status
+
+
+@pytest.mark.parametrize("version, first", [(None, "ENV-ERROR"), ("2", "VERSION-ERROR"),
+                                            ("", "VERSION-ERROR")])
+def test_unusable_version(tmp_path, version, first):
+    env = client_env(tmp_path, MANAGED_TRANSPORT_VER=version)
+    pt, status = run_to_exit(env)
+    assert pt.keywords() == [first] and status == 1
+    if first == "VERSION-ERROR":
+        assert pt.field(first) == "no-version"
+
+
+def test_second_offered_version_is_chosen(tmp_path):
+    with ManagedPT(client_env(tmp_path, MANAGED_TRANSPORT_VER="3,1")) as pt:
+        assert pt.keywords() == ["VERSION", "CMETHOD", "CMETHODS DONE"]
+        assert pt.field("VERSION", "version") == "1"
+
+
+def _file_in_the_way(tmp_path):
+    (tmp_path / "file").write_text("x")
+    return str(tmp_path / "file" / "state")
+
+
+ENV_ERRORS = {
+    "no state location": ("client", {"STATE_LOCATION": None}, ()),
+    "state location unusable": ("client", {"STATE_LOCATION": _file_in_the_way}, ()),
+    "no transports at all": ("client", {"CLIENT_TRANSPORTS": None}, ()),
+    "server without bind address": ("server", {"SERVER_BINDADDR": None}, ()),
+    "malformed bind address": ("server", {"SERVER_BINDADDR": "obfs2:127.0.0.1:0"}, ()),
+    "server without ORPort": ("server", {"ORPORT": None}, ()),
+    "malformed ORPort": ("server", {"ORPORT": "nowhere"}, ()),
+    "Extended ORPort without cookie": ("server", {"EXTENDED_SERVER_PORT": "127.0.0.1:9"}, ()),
+    "missing cookie file": ("server", {"EXTENDED_SERVER_PORT": "127.0.0.1:9",
+                                       "AUTH_COOKIE_FILE": "/nonexistent/cookie"}, ()),
+    "malformed transport options": ("server", {"SERVER_TRANSPORT_OPTIONS": "obfs2:secret"}, ()),
+    "bad command-line option": ("client", {}, ("--handshake-timeout=0",)),
+}
+
+
+@pytest.mark.parametrize("case", list(ENV_ERRORS))
+def test_env_error(tmp_path, case):
+    role, changes, args = ENV_ERRORS[case]
+    changes = {k: v(tmp_path) if callable(v) else v for k, v in changes.items()}
+    if role == "client":
+        env = client_env(tmp_path, **changes)
+    else:
+        env = server_env(tmp_path, ("127.0.0.1", 9), **changes)
+    pt, status = run_to_exit(env, *args)
+    assert pt.keywords() in (["VERSION", "ENV-ERROR"], ["ENV-ERROR"]), pt.messages
+    assert status == 1
+
+
+def test_unknown_transports_are_ignored(tmp_path):
+    env = client_env(tmp_path, "obfs4,meek")
+    env.update(server_env(tmp_path, ("127.0.0.1", 9), "obfs4", "obfs4-127.0.0.1:0"))
+    pt, status = run_to_exit(env)
+    assert pt.keywords() == ["VERSION", "CMETHODS DONE", "SMETHODS DONE"]
+    assert status == 0   # nothing to serve: exit, nothing bound
+
+    with ManagedPT(client_env(tmp_path, "obfs4,obfs2,meek")) as pt:
+        assert pt.keywords() == ["VERSION", "CMETHOD", "CMETHODS DONE"]
+        assert list(pt.cmethods) == ["obfs2"]
+
+
+def test_star_client_and_server_in_one_process(tmp_path):
+    """`*` means obfs2 and dummy; our own clients tunnel to our own servers."""
+    payload = os.urandom(100_000)
+    with EchoServer() as echo:
+        env = client_env(tmp_path, "*")
+        env.update(server_env(tmp_path, echo.address, "*", "obfs2-127.0.0.1:0,dummy-127.0.0.1:0"))
+        with ManagedPT(env, mode="--managed") as pt:   # the older torrc spelling
+            assert pt.keywords() == ["VERSION", "CMETHOD", "CMETHOD", "CMETHODS DONE",
+                                     "SMETHOD", "SMETHOD", "SMETHODS DONE"]
+            assert set(pt.cmethods) == set(pt.smethods) == {"obfs2", "dummy"}
+            for name in ("obfs2", "dummy"):
+                with socks5_connect(pt.cmethods[name], pt.smethods[name]) as sock:
+                    assert same(echo_round_trip(sock, payload), payload)
+
+
+@pytest.mark.skipif(not has_ipv6(), reason="no IPv6 loopback")
+def test_ipv6_bind_address(tmp_path):
+    with EchoServer() as echo:
+        with ManagedPT(server_env(tmp_path, echo.address, bindaddr="obfs2-[::1]:0")) as pt:
+            assert pt.field("SMETHOD", "address").startswith("[::1]:")
+            with Obfs2Client(pt.smethods["obfs2"]) as client:
+                client.send(b"over IPv6")
+                assert client.recv_exact(9) == b"over IPv6"
+
+
+def _busy_port():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    return sock
+
+
+@pytest.mark.parametrize("case", ["port in use", "no bind address", "unknown option",
+                                  "secret with a space"])
+def test_smethod_error_leaves_the_other_transport_running(tmp_path, case):
+    busy = _busy_port()
+    bind = {"obfs2": "127.0.0.1:0", "dummy": "127.0.0.1:0"}
+    options = ""
+    if case == "port in use":
+        bind["obfs2"] = "127.0.0.1:%d" % busy.getsockname()[1]
+    elif case == "no bind address":
+        del bind["obfs2"]
+    elif case == "unknown option":
+        options = "obfs2:colour=blue"
+    else:
+        options = "obfs2:shared-secret=two words"
+    bindaddr = ",".join("%s-%s" % item for item in bind.items())
+    try:
+        with EchoServer() as echo:
+            env = server_env(tmp_path, echo.address, "obfs2,dummy", bindaddr,
+                             SERVER_TRANSPORT_OPTIONS=options)
+            with ManagedPT(env) as pt:
+                assert pt.keywords() == ["VERSION", "SMETHOD-ERROR", "SMETHOD", "SMETHODS DONE"]
+                assert pt.field("SMETHOD-ERROR", "name") == "obfs2"
+                with socket.create_connection(pt.smethods["dummy"], timeout=10) as sock:
+                    assert echo_round_trip(sock, b"dummy still works") == b"dummy still works"
+    finally:
+        busy.close()
+
+
+# --- Shared secret: server options in, SOCKS arguments in -------------------------------------
+
+def test_shared_secret_from_options_and_socks_arguments(tmp_path):
+    secret = "a:b;c=d\\e"
+    payload = os.urandom(300_000)
+    with EchoServer() as echo:
+        server = ManagedPT(server_env(tmp_path, echo.address,
+                                      SERVER_TRANSPORT_OPTIONS=r"obfs2:shared-secret=a\:b\;c\=d\\e"),
+                           FAST)
+        client = ManagedPT(client_env(tmp_path), FAST)
+        with server, client:
+            # The client needs the secret in its Bridge line: announced as ARGS.
+            assert server.field("SMETHOD", "args") == r"shared-secret=a:b;c\=d\\e"
+            bridge, socks = server.smethods["obfs2"], client.cmethods["obfs2"]
+            arguments = "shared-secret=" + secret.replace("\\", "\\\\").replace(";", "\\;") \
+                .replace("=", "\\=")
+            with socks5_connect(socks, bridge, args=arguments) as sock:
+                assert same(echo_round_trip(sock, payload), payload)
+            # The wrong secret, or none: the handshake fails and the SOCKS reply says so.
+            for wrong in ("shared-secret=nope", None):
+                with pytest.raises(SocksReplyError) as info:
+                    socks5_connect(socks, bridge, args=wrong)
+                assert info.value.code == 0x01
+
+
+def test_shared_secret_from_the_command_line(tmp_path):
+    """`... managed --shared-secret=X` on both torrc lines: no Bridge arguments needed."""
+    with EchoServer() as echo:
+        server = ManagedPT(server_env(tmp_path, echo.address), FAST, "--shared-secret=cli")
+        client = ManagedPT(client_env(tmp_path), FAST, "--shared-secret=cli")
+        with server, client:
+            assert server.field("SMETHOD", "args") == "shared-secret=cli"
+            with socks5_connect(client.cmethods["obfs2"], server.smethods["obfs2"]) as sock:
+                assert echo_round_trip(sock, b"default secret") == b"default secret"
+
+
+def test_shared_secret_in_a_socks4_userid(tmp_path):
+    """pt-spec 3.5 over SOCKS4: the arguments are the USERID."""
+    with EchoServer() as echo:
+        server = ManagedPT(server_env(tmp_path, echo.address,
+                                      SERVER_TRANSPORT_OPTIONS="obfs2:shared-secret=four"), FAST)
+        client = ManagedPT(client_env(tmp_path), FAST)
+        with server, client:
+            host, port = server.smethods["obfs2"]
+            with socket.create_connection(client.cmethods["obfs2"], timeout=30) as sock:
+                # VN=04 CD=01 DSTPORT DSTIP USERID="shared-secret=four" 00
+                sock.sendall(struct.pack("!BBH", 4, 1, port) + socket.inet_aton(host)
+                             + b"shared-secret=four\0")
+                assert recv_exact(sock, 8)[1] == 0x5A      # VN=00 CD=5A granted
+                assert echo_round_trip(sock, b"socks4 args") == b"socks4 args"
+
+
+def test_shared_secret_in_socks_arguments_longer_than_uname(tmp_path):
+    """pt-spec 3.5: arguments spill from the SOCKS5 UNAME into PASSWD."""
+    secret = "s" * 300
+    with EchoServer() as echo:
+        server = ManagedPT(server_env(tmp_path, echo.address,
+                                      SERVER_TRANSPORT_OPTIONS="obfs2:shared-secret=" + secret), FAST)
+        client = ManagedPT(client_env(tmp_path), FAST)
+        with server, client:
+            with socks5_connect(client.cmethods["obfs2"], server.smethods["obfs2"],
+                                args="shared-secret=" + secret) as sock:
+                assert echo_round_trip(sock, b"long secret") == b"long secret"
+
+
+# --- The Extended ORPort, end to end --------------------------------------------------------
+
+def ext_server_env(tmp_path, ext, cookie_file):
+    # TOR_PT_ORPORT points nowhere: the Extended ORPort must be used instead.
+    return server_env(tmp_path, ("127.0.0.1", 9), EXTENDED_SERVER_PORT="%s:%d" % ext.address,
+                      AUTH_COOKIE_FILE=str(cookie_file))
+
+
+def log_lines(tmp_path, role="server"):
+    return (tmp_path / ("%s-state" % role) / "obfsproxy.log").read_text().splitlines()
+
+
+def test_extended_orport_reports_the_real_client(tmp_path):
+    cookie_file = tmp_path / "extended_orport_auth_cookie"
+    cookie = write_cookie(cookie_file)
+    payload = os.urandom(50_000)
+    with ExtORPort(cookie) as ext:
+        with ManagedPT(ext_server_env(tmp_path, ext, cookie_file)) as pt:
+            with Obfs2Client(pt.smethods["obfs2"]) as client:
+                client.send(payload)
+                assert same(client.recv_exact(len(payload)), payload)
+                here = client.local_address
+            session = ext.wait_session()
+    assert session["client_hash_ok"] is True
+    assert session["useraddr"] == "%s:%d" % here
+    assert session["transport"] == "obfs2"
+    assert session["done"] is True
+
+
+def test_extended_orport_cookie_is_read_per_connection(tmp_path):
+    """Tor rewrites the cookie when it restarts; the next connection uses the new one."""
+    cookie_file = tmp_path / "cookie"
+    write_cookie(cookie_file)
+    new_cookie = os.urandom(32)
+    with ExtORPort(new_cookie) as ext:
+        with ManagedPT(ext_server_env(tmp_path, ext, cookie_file)) as pt:
+            write_cookie(cookie_file, new_cookie)
+            with Obfs2Client(pt.smethods["obfs2"]) as client:
+                client.send(b"fresh cookie")
+                assert client.recv_exact(12) == b"fresh cookie"
+            assert ext.wait_session()["client_hash_ok"] is True
+
+
+def test_extended_orport_by_hand(tmp_path):
+    """`server --dest=<Extended ORPort> --ext-cookie-file=PATH`, without Tor's environment."""
+    cookie_file = tmp_path / "cookie"
+    cookie = write_cookie(cookie_file)
+    with ExtORPort(cookie) as ext:
+        server = Proxy("server", "--dest=%s:%d" % ext.address,
+                       "--ext-cookie-file=%s" % cookie_file, "127.0.0.1:0")
+        with server:
+            with Obfs2Client(server.address) as client:
+                client.send(b"by hand")
+                assert client.recv_exact(7) == b"by hand"
+                here = client.local_address
+            session = ext.wait_session()
+    assert session["client_hash_ok"] is True
+    assert session["useraddr"] == "%s:%d" % here and session["transport"] == "obfs2"
+
+
+@pytest.mark.parametrize("case", ["DENY", "wrong cookie"])
+def test_extended_orport_refusal_closes_the_connection(tmp_path, case):
+    cookie_file = tmp_path / "cookie"
+    cookie = write_cookie(cookie_file)
+    server_cookie = cookie if case == "DENY" else os.urandom(32)
+    with ExtORPort(server_cookie, answer="DENY" if case == "DENY" else "OKAY") as ext:
+        env = ext_server_env(tmp_path, ext, cookie_file)
+        with ManagedPT(env, "--log-min-severity=info") as pt:
+            with Obfs2Client(pt.smethods["obfs2"]) as client:
+                client.send(b"let me in")
+                try:   # closed: EOF, or a reset because "let me in" was never read
+                    assert client.recv_eof() == b""
+                except ConnectionResetError:
+                    pass
+            session = ext.wait_session()
+            pt.close_stdin()
+            assert pt.wait() == 0
+    if case == "DENY":
+        assert session["client_hash_ok"] is True and session["done"] is True
+        expected = "Extended ORPort denied the connection"
+    else:   # we closed before sending our hash: Tor did not prove it knows the cookie
+        assert session["client_hash_ok"] is None
+        expected = "wrong server hash"
+    assert len([line for line in log_lines(tmp_path) if expected in line]) == 1
+
+
+# --- State directory and logging --------------------------------------------------------------
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_state_directory_is_created_and_holds_the_log(tmp_path, safe):
+    state = tmp_path / "data" / "pt_state"
+    with EchoServer() as echo:
+        env = server_env(tmp_path, echo.address, STATE_LOCATION=str(state))
+        args = ["--log-min-severity=debug"] + ([] if safe else ["--no-safe-logging"])
+        with ManagedPT(env, *args) as pt:
+            with Obfs2Client(pt.smethods["obfs2"]) as client:
+                client.send(b"x")
+                client.recv_exact(1)
+                here = "%s:%d" % client.local_address
+            pt.close_stdin()
+            assert pt.wait() == 0
+    assert sorted(p.name for p in state.iterdir()) == ["obfsproxy.log"]
+    text = (state / "obfsproxy.log").read_text()
+    assert "managed mode stopped" in text
+    assert (here in text) is (not safe)
+    assert ("[scrubbed]" in text) is safe
+
+
+# --- Lifecycle ------------------------------------------------------------------------------
+
+def test_stdin_close_exits_when_asked(tmp_path):
+    with ManagedPT(client_env(tmp_path, "obfs2,dummy")) as pt:
+        pt.close_stdin()
+        assert pt.wait(5) == 0
+    for address in pt.cmethods.values():
+        assert_refused(address, timeout=0)
+
+
+@pytest.mark.parametrize("flag", [None, "0"])
+@POSIX_SIGNALS
+def test_stdin_close_means_nothing_without_the_flag(tmp_path, flag):
+    with EchoServer() as echo:
+        with ManagedPT(client_env(tmp_path, "dummy", EXIT_ON_STDIN_CLOSE=flag)) as pt:
+            pt.close_stdin()
+            # A full round trip after the EOF, then still running.
+            with socks5_connect(pt.cmethods["dummy"], echo.address) as sock:
+                assert echo_round_trip(sock, b"still here") == b"still here"
+            with pytest.raises(subprocess.TimeoutExpired):
+                pt.process.wait(0.5)
+            pt.signal(signal.SIGTERM)
+            assert pt.wait(5) == 0
+        assert_refused(pt.cmethods["dummy"], timeout=0)
+
+
+@POSIX_SIGNALS
+def test_sigterm_exits_promptly_with_a_live_connection(tmp_path):
+    with EchoServer() as echo:
+        with ManagedPT(server_env(tmp_path, echo.address)) as pt:
+            address = pt.smethods["obfs2"]
+            with Obfs2Client(address) as client:
+                client.send(b"live")
+                assert client.recv_exact(4) == b"live"
+                pt.signal(signal.SIGTERM)
+                assert pt.wait(5) == 0
+                assert client.recv_eof() == b""
+            assert_refused(address, timeout=0)
+
+
+@pytest.mark.parametrize("second_sigint", [False, True])
+@POSIX_SIGNALS
+def test_sigint_stops_accepting_and_lets_connections_finish(tmp_path, second_sigint):
+    with EchoServer() as echo:
+        with ManagedPT(server_env(tmp_path, echo.address)) as pt:
+            address = pt.smethods["obfs2"]
+            with Obfs2Client(address) as client:
+                client.send(b"before")
+                assert client.recv_exact(6) == b"before"
+                pt.signal(signal.SIGINT)
+                assert_refused(address)
+                client.send(b"during")
+                assert client.recv_exact(6) == b"during"
+                assert pt.process.poll() is None
+                if second_sigint:
+                    pt.signal(signal.SIGINT)
+                    assert pt.wait(5) == 0
+            assert pt.wait(10) == 0
+
+
+@POSIX_SIGNALS
+def test_parent_death_is_noticed(tmp_path):
+    """Tor dies without closing our stdin (SIGKILL): we exit on our own."""
+    wrapper = "import subprocess, sys; subprocess.Popen(sys.argv[1:]).wait()"
+    env = client_env(tmp_path, EXIT_ON_STDIN_CLOSE=None)
+    command = [sys.executable, "-c", wrapper, sys.executable, PROGRAM, "managed"]
+    with ManagedPT(env, command=command, stdin=subprocess.DEVNULL) as pt:
+        address = pt.cmethods["obfs2"]
+        pt.process.kill()           # the "Tor" between us and the transport
+        pt.process.wait()
+        # The transport held our stdout pipe: it ends when the transport exits.
+        with pytest.raises(AssertionError, match="stream ended"):
+            pt.stdout.wait_for(r"(?!)", timeout=10)
+        assert_refused(address, timeout=0)
+
+
+# --- Interop with obfs4proxy (Debian's, Go), both managed ------------------------------------
+
+def obfs4proxy_env(tmp_path, role, **variables):
+    return tor_env(tmp_path / ("obfs4proxy-%s" % role), EXIT_ON_STDIN_CLOSE="1", **variables)
+
+
+@pytest.mark.interop
+def test_our_managed_client_with_obfs4proxy_managed_server(tmp_path):
+    obfs4proxy = require_obfs4proxy()
+    payload = os.urandom(1 << 20)
+    with EchoServer() as echo:
+        env = obfs4proxy_env(tmp_path, "server", SERVER_TRANSPORTS="obfs2",
+                             SERVER_BINDADDR="obfs2-127.0.0.1:0", ORPORT="%s:%d" % echo.address)
+        with ManagedPT(env, command=[obfs4proxy]) as theirs, ManagedPT(client_env(tmp_path)) as ours:
+            with socks5_connect(ours.cmethods["obfs2"], theirs.smethods["obfs2"]) as sock:
+                assert same(echo_round_trip(sock, payload), payload)
+            theirs.close_stdin()
+            assert theirs.wait() == 0
+
+
+@pytest.mark.interop
+def test_obfs4proxy_managed_client_with_our_managed_server(tmp_path):
+    obfs4proxy = require_obfs4proxy()
+    payload = os.urandom(1 << 20)
+    with EchoServer() as echo:
+        env = obfs4proxy_env(tmp_path, "client", CLIENT_TRANSPORTS="obfs2")
+        with ManagedPT(server_env(tmp_path, echo.address)) as ours, \
+                ManagedPT(env, command=[obfs4proxy]) as theirs:
+            with socks5_connect(theirs.cmethods["obfs2"], ours.smethods["obfs2"]) as sock:
+                assert same(echo_round_trip(sock, payload), payload)
+            ours.close_stdin()
+            assert ours.wait() == 0

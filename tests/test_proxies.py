@@ -1,0 +1,412 @@
+"""Outgoing proxies: ``managed.connect_via_proxy``, ``--proxy`` and ``TOR_PT_PROXY``.
+
+The fake upstream proxies here (SOCKS5 with or without RFC 1929 auth,
+SOCKS4a, HTTP CONNECT with or without basic auth) record what they were asked
+and relay. A proxy that refuses must give the application a SOCKS error, and
+nothing may ever connect to the destination directly.
+"""
+
+import base64
+import os
+import socket
+import struct
+import threading
+
+import pytest
+from fake_tor import ManagedPT, tor_env
+from support import EchoServer, Proxy, SocksReplyError, recv_exact, socks5_connect
+
+import managed
+import obfsproxy
+
+
+class FakeProxy:
+    """An upstream proxy on 127.0.0.1 of ``kind`` socks5, socks4a or http.
+
+    ``auth``: (user, password) the proxy demands (socks5, http). ``refuse``:
+    answer every request with a failure instead of connecting. ``glue``:
+    bytes sent in the same segment as the success reply, as if the
+    destination had spoken at once. ``requests`` records one dict per
+    request (target, credentials, ...), before the reply is sent.
+    """
+
+    def __init__(self, kind, auth=None, refuse=False, glue=b"", silent=False):
+        self.kind, self.auth, self.refuse, self.glue, self.silent = kind, auth, refuse, glue, silent
+        self.requests = []
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.address = self.listener.getsockname()[:2]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def uri(self, user=None, password=None):
+        credentials = ""
+        if user is not None:
+            credentials = user + (":" + password if password is not None else "") + "@"
+        return "%s://%s127.0.0.1:%d" % (self.kind, credentials, self.address[1])
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        with conn:
+            conn.settimeout(10)
+            try:
+                if self.silent:
+                    conn.recv(1024)   # take the request, never answer
+                    conn.recv(1024)
+                    return
+                upstream = getattr(self, "_" + self.kind)(conn)
+            except (OSError, AssertionError) as exc:
+                self.requests.append({"error": repr(exc)})
+                return
+            if upstream is not None:
+                with upstream:
+                    relay(conn, upstream)
+
+    def _connect(self, record, host, port):
+        record["target"] = (host, port)
+        self.requests.append(record)
+        if self.refuse:
+            return None
+        try:
+            return socket.create_connection((host, port), timeout=10)
+        except OSError:
+            return None
+
+    def _socks5(self, conn):
+        # VER=05 NMETHODS METHODS
+        _, count = recv_exact(conn, 2)
+        methods = recv_exact(conn, count)
+        record = {"methods": methods}
+        if self.auth:
+            if 2 not in methods:
+                conn.sendall(b"\x05\xff")
+                raise AssertionError("client did not offer username/password")
+            conn.sendall(b"\x05\x02")
+            # VER=01 ULEN UNAME PLEN PASSWD
+            _, ulen = recv_exact(conn, 2)
+            user = recv_exact(conn, ulen)
+            password = recv_exact(conn, recv_exact(conn, 1)[0])
+            record["auth"] = (user.decode(), password.decode())
+            if record["auth"] != self.auth:
+                conn.sendall(b"\x01\x01")
+                self.requests.append(record)
+                return None
+            conn.sendall(b"\x01\x00")
+        else:
+            conn.sendall(b"\x05\x00")
+        # VER=05 CMD=01 RSV=00 ATYP DST.ADDR DST.PORT
+        _, cmd, _, atyp = recv_exact(conn, 4)
+        if atyp == 1:
+            host = socket.inet_ntop(socket.AF_INET, recv_exact(conn, 4))
+        elif atyp == 4:
+            host = socket.inet_ntop(socket.AF_INET6, recv_exact(conn, 16))
+        else:
+            host = recv_exact(conn, recv_exact(conn, 1)[0]).decode()
+        port = struct.unpack("!H", recv_exact(conn, 2))[0]
+        record["command"] = cmd
+        upstream = self._connect(record, host, port)
+        # VER=05 REP RSV=00 ATYP=01 BND.ADDR=0.0.0.0 BND.PORT=0
+        conn.sendall(bytes([5, 0 if upstream else 5, 0, 1]) + bytes(6) + (self.glue if upstream else b""))
+        return upstream
+
+    def _socks4a(self, conn):
+        # VN=04 CD=01 DSTPORT DSTIP USERID 00 [HOST 00]
+        _, cmd, port = struct.unpack("!BBH", recv_exact(conn, 4))
+        ip = recv_exact(conn, 4)
+        userid = _read_until(conn, b"\0")
+        if ip[:3] == b"\0\0\0" and ip[3]:
+            host = _read_until(conn, b"\0").decode()
+        else:
+            host = socket.inet_ntoa(ip)
+        upstream = self._connect({"command": cmd, "userid": userid.decode()}, host, port)
+        conn.sendall(bytes([0, 0x5A if upstream else 0x5B]) + bytes(6) + (self.glue if upstream else b""))
+        return upstream
+
+    def _http(self, conn):
+        head = _read_until(conn, b"\r\n\r\n").decode("latin-1").split("\r\n")
+        method, authority, _ = head[0].split(" ")
+        headers = dict(line.split(": ", 1) for line in head[1:] if line)
+        record = {"method": method, "headers": headers}
+        if self.auth:
+            expected = "Basic " + base64.b64encode(("%s:%s" % self.auth).encode()).decode()
+            if headers.get("Proxy-Authorization") != expected:
+                self.requests.append(record)
+                conn.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
+                return None
+        host, _, port = authority.rpartition(":")
+        upstream = self._connect(record, host.strip("[]"), int(port))
+        if upstream is None:
+            conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            return None
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\nX-Fake: yes\r\n\r\n" + self.glue)
+        return upstream
+
+    def close(self):
+        self.listener.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _read_until(conn, end):
+    data = b""
+    while not data.endswith(end):
+        data += recv_exact(conn, 1)
+    return data[:-len(end)]
+
+
+def relay(a, b):
+    """Both directions until both ended, EOF passed on as shutdown(SHUT_WR)."""
+    def pump(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+    other = threading.Thread(target=pump, args=(b, a), daemon=True)
+    other.start()
+    pump(a, b)
+    other.join(30)
+
+
+class CountingListener:
+    """A destination that only counts connections: proof of no direct connect."""
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.address = self.listener.getsockname()[:2]
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self):
+        self.listener.close()
+
+
+def deadline(seconds=10):
+    return obfsproxy.Deadline(seconds)
+
+
+# --- The proxy URI -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("uri, expected", [
+    ("socks5://127.0.0.1:1080", ("socks5", "127.0.0.1", 1080, None, None)),
+    ("socks5://tor:test1234@198.51.100.1:8000", ("socks5", "198.51.100.1", 8000, "tor", "test1234")),
+    ("SOCKS5://u%40x:p%3Aw@[::1]:1080", ("socks5", "::1", 1080, "u@x", "p:w")),
+    ("socks4a://198.51.100.2:8001", ("socks4a", "198.51.100.2", 8001, None, None)),
+    ("socks4a://userid@198.51.100.2:8001", ("socks4a", "198.51.100.2", 8001, "userid", None)),
+    ("http://198.51.100.3:443", ("http", "198.51.100.3", 443, None, None)),
+    ("http://a:b@proxy.example:3128/", ("http", "proxy.example", 3128, "a", "b")),
+])
+def test_proxy_uri(uri, expected):
+    assert tuple(managed.parse_proxy_uri(uri)) == expected
+
+
+@pytest.mark.parametrize("uri", [
+    "ftp://127.0.0.1:21", "socks4://127.0.0.1:1080", "socks5://127.0.0.1", "socks5://:1080",
+    "http://127.0.0.1:99999", "http://127.0.0.1:0", "socks5://127.0.0.1:1080/path",
+    "http://127.0.0.1:80?x=1", "socks4a://u:p@127.0.0.1:1080", "socks5://%s:p@127.0.0.1:1" % ("u" * 256),
+    "127.0.0.1:1080", "",
+])
+def test_proxy_uri_unusable(uri):
+    with pytest.raises(managed.ProxyURIError):
+        managed.parse_proxy_uri(uri)
+
+
+# --- connect_via_proxy, in process ------------------------------------------------------------
+
+KINDS = [("socks5", None), ("socks5", ("tor", "p@ss:word")), ("socks4a", None),
+         ("http", None), ("http", ("tor", "secret"))]
+
+
+def _uri(proxy, auth):
+    if auth is None:
+        return proxy.uri("id") if proxy.kind == "socks4a" else proxy.uri()
+    from urllib.parse import quote
+    return proxy.uri(quote(auth[0], safe=""), quote(auth[1], safe=""))
+
+
+@pytest.mark.parametrize("kind, auth", KINDS)
+def test_connect_via_proxy_relays_and_records(kind, auth):
+    with EchoServer() as echo, FakeProxy(kind, auth) as proxy:
+        with managed.connect_via_proxy(_uri(proxy, auth), echo.address, deadline()) as sock:
+            sock.sendall(b"through the proxy")
+            assert recv_exact(sock, 17) == b"through the proxy"
+        request = proxy.requests[0]
+        assert request["target"] == echo.address
+        if kind == "socks5":
+            assert request["methods"] == (b"\x00\x02" if auth else b"\x00")
+            assert request.get("auth") == auth and request["command"] == 1
+        elif kind == "socks4a":
+            assert request["userid"] == "id" and request["command"] == 1
+        else:
+            assert request["method"] == "CONNECT"
+            assert request["headers"]["Host"] == "127.0.0.1:%d" % echo.address[1]
+
+
+@pytest.mark.parametrize("kind", ["socks5", "socks4a", "http"])
+def test_connect_via_proxy_sends_host_names_and_ipv6(kind):
+    """Host names go to the proxy unresolved (SOCKS4a's reason to exist)."""
+    with FakeProxy(kind, refuse=True) as proxy:
+        for target in [("bridge.example", 1051), ("2001:db8::7", 443)]:
+            with pytest.raises(OSError):
+                managed.connect_via_proxy(proxy.uri(), target, deadline())
+        assert [r["target"] for r in proxy.requests] == [("bridge.example", 1051), ("2001:db8::7", 443)]
+
+
+@pytest.mark.parametrize("kind", ["socks5", "socks4a", "http"])
+def test_bytes_glued_to_the_reply_belong_to_the_tunnel(kind):
+    """The obfs2 server speaks first: its bytes may share a segment with the reply."""
+    with EchoServer() as echo, FakeProxy(kind, glue=b"EARLY") as proxy:
+        with managed.connect_via_proxy(proxy.uri(), echo.address, deadline()) as sock:
+            assert recv_exact(sock, 5) == b"EARLY"
+            sock.sendall(b"then echo")
+            assert recv_exact(sock, 9) == b"then echo"
+
+
+@pytest.mark.parametrize("kind, error", [("socks5", ConnectionRefusedError),
+                                         ("socks4a", managed.ProxyError),
+                                         ("http", managed.ProxyError)])
+def test_refusing_proxy_is_an_oserror_and_no_direct_connection(kind, error):
+    destination = CountingListener()
+    try:
+        with FakeProxy(kind, refuse=True) as proxy:
+            with pytest.raises(error):
+                managed.connect_via_proxy(proxy.uri(), destination.address, deadline())
+        assert destination.accepted == 0
+    finally:
+        destination.close()
+
+
+@pytest.mark.parametrize("kind", ["socks5", "http"])
+def test_wrong_credentials(kind):
+    with EchoServer() as echo, FakeProxy(kind, auth=("tor", "right")) as proxy:
+        with pytest.raises(managed.ProxyError):
+            managed.connect_via_proxy(proxy.uri("tor", "wrong"), echo.address, deadline())
+
+
+def test_unreachable_proxy_is_never_bypassed():
+    destination = CountingListener()
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()   # nothing listens there now
+    try:
+        with pytest.raises(managed.ProxyError, match="cannot reach the socks5 proxy"):
+            managed.connect_via_proxy("socks5://127.0.0.1:%d" % port, destination.address, deadline())
+        assert destination.accepted == 0
+    finally:
+        destination.close()
+
+
+@pytest.mark.parametrize("kind", ["socks5", "socks4a", "http"])
+def test_silent_proxy_times_out_on_the_deadline(kind):
+    with FakeProxy(kind, silent=True) as proxy:
+        with pytest.raises(socket.timeout):
+            managed.connect_via_proxy(proxy.uri(), ("127.0.0.1", 9), deadline(0.3))
+
+
+# --- Through the real program ------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind, auth", [("socks5", ("tor", "pw")), ("socks4a", None),
+                                        ("http", ("tor", "pw"))])
+def test_external_client_with_proxy_option(kind, auth):
+    payload = os.urandom(200_000)
+    with EchoServer() as echo, FakeProxy(kind, auth) as upstream:
+        server = Proxy("server", "--dest=%s:%d" % echo.address, "127.0.0.1:0")
+        client = Proxy("client", "--proxy=" + _uri(upstream, auth), "127.0.0.1:0")
+        with server, client:
+            with socks5_connect(client.address, server.address) as sock:
+                sender = threading.Thread(target=sock.sendall, args=(payload,), daemon=True)
+                sender.start()
+                assert recv_exact(sock, len(payload)) == payload
+                sender.join(10)
+        assert [r["target"] for r in upstream.requests] == [server.address]
+
+
+def test_managed_client_with_tor_pt_proxy(tmp_path):
+    with EchoServer() as echo, FakeProxy("socks5", ("tor", "test1234")) as upstream:
+        server = Proxy("server", "--dest=%s:%d" % echo.address, "127.0.0.1:0")
+        env = tor_env(tmp_path / "state", CLIENT_TRANSPORTS="obfs2", EXIT_ON_STDIN_CLOSE="1",
+                      PROXY=upstream.uri("tor", "test1234"))
+        with server, ManagedPT(env) as pt:
+            assert pt.keywords() == ["VERSION", "PROXY DONE", "CMETHOD", "CMETHODS DONE"]
+            with socks5_connect(pt.cmethods["obfs2"], server.address) as sock:
+                sock.sendall(b"via TOR_PT_PROXY")
+                assert recv_exact(sock, 16) == b"via TOR_PT_PROXY"
+        assert upstream.requests[0]["target"] == server.address
+        assert upstream.requests[0]["auth"] == ("tor", "test1234")
+
+
+def test_managed_client_honours_the_proxy_option(tmp_path):
+    """--proxy on the torrc line, no TOR_PT_PROXY: used, but no PROXY DONE (Tor did not ask)."""
+    with EchoServer() as echo, FakeProxy("http") as upstream:
+        server = Proxy("server", "--dest=%s:%d" % echo.address, "127.0.0.1:0")
+        env = tor_env(tmp_path / "state", CLIENT_TRANSPORTS="obfs2", EXIT_ON_STDIN_CLOSE="1")
+        with server, ManagedPT(env, "--proxy=" + upstream.uri()) as pt:
+            assert pt.keywords() == ["VERSION", "CMETHOD", "CMETHODS DONE"]
+            with socks5_connect(pt.cmethods["obfs2"], server.address) as sock:
+                sock.sendall(b"via --proxy")
+                assert recv_exact(sock, 11) == b"via --proxy"
+        assert upstream.requests[0]["target"] == server.address
+
+
+@pytest.mark.parametrize("kind, code", [("socks5", 0x05), ("socks4a", 0x01), ("http", 0x01), (None, 0x01)])
+def test_managed_client_proxy_failure_is_a_socks_error(tmp_path, kind, code):
+    """A refusing (or absent) proxy: a SOCKS error reply, never a direct connection."""
+    destination = CountingListener()
+    try:
+        if kind is None:
+            dead = socket.socket()
+            dead.bind(("127.0.0.1", 0))
+            uri = "socks5://127.0.0.1:%d" % dead.getsockname()[1]
+            dead.close()
+            upstream = None
+        else:
+            upstream = FakeProxy(kind, refuse=True)
+            uri = upstream.uri()
+        env = tor_env(tmp_path / "state", CLIENT_TRANSPORTS="obfs2", EXIT_ON_STDIN_CLOSE="1",
+                      PROXY=uri)
+        with ManagedPT(env) as pt:
+            with pytest.raises(SocksReplyError) as info:
+                socks5_connect(pt.cmethods["obfs2"], destination.address)
+            assert info.value.code == code
+        assert destination.accepted == 0
+        if upstream:
+            assert upstream.requests[0]["target"] == destination.address
+            upstream.close()
+    finally:
+        destination.close()
+
+
+@pytest.mark.parametrize("uri", ["ftp://127.0.0.1:21", "socks5://127.0.0.1", "socks4a://u:p@127.0.0.1:1080",
+                                 "http://127.0.0.1:1080/path"])
+def test_unusable_tor_pt_proxy_is_a_proxy_error(tmp_path, uri):
+    env = tor_env(tmp_path / "state", CLIENT_TRANSPORTS="obfs2", EXIT_ON_STDIN_CLOSE="1", PROXY=uri)
+    with ManagedPT(env) as pt:
+        assert pt.wait(10) == 1
+    assert pt.keywords() == ["VERSION", "PROXY-ERROR"]
