@@ -1,0 +1,1383 @@
+"""Reliability and security (issue 4): faults, hostile input and load, on real sockets.
+
+Every test runs the real program (``support.Proxy``: a subprocess whose port is
+read from its log) on 127.0.0.1 and watches it from outside: its log lines, its
+sockets' states in /proc/net/tcp, its descriptors in /proc/PID/fd, its threads
+and CPU time in /proc/PID/status and /proc/PID/stat. Waits are on those real
+events, polled against a deadline (``wait_until``), never a bare sleep; the only
+sleeps pace a deliberately slow peer or are the measuring window of a CPU test.
+
+What each group proves (the issue's bullets):
+
+* bounded handshakes: a silent, trickling or garbage-speaking peer is closed
+  within its deadline, on the client's SOCKS port, on the server's port and
+  from the client's side towards a bad server, with one log line, no traceback;
+* a flood of shared-secret handshakes cannot stall live tunnels;
+* bounded resources: ``--max-connections``, a failed thread start, bounded buffers;
+* nothing leaks: descriptors, threads and CLOSE_WAIT sockets return to their
+  baseline after connections that end every way;
+* no stalls: black holes and dead destinations hold only their own tunnel, the
+  other side of a failed tunnel is closed, idle tunnels cost no CPU;
+* not an open proxy, no leaks of who, clean shutdown.
+
+The load versions (10,000 connections, 1,000 tunnels, 1 GiB) are in test_soak.py
+and reuse the helpers here.
+"""
+
+import hashlib
+import logging
+import os
+import queue
+import random
+import re
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from support import PROGRAM, ROOT, Proxy, SocksReplyError, fmt, recv_all, recv_exact, socks5_connect
+
+import obfs2
+import obfsproxy
+
+LINUX_PROC = os.path.isdir("/proc/self/fd") and os.path.exists("/proc/self/net/tcp")
+needs_proc = pytest.mark.skipif(not LINUX_PROC, reason="reads /proc (Linux)")
+needs_signals = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+HS = 1.0            # --handshake-timeout for the handshake tests, in seconds
+SLACK = 1.5         # how late after its deadline a close may be observed (busy CI)
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+# --- Watching a process from outside ---------------------------------------------
+
+def wait_until(check, timeout, what):
+    """Poll ``check()`` until it returns a true value; return it, or fail
+    saying ``what`` and the last value seen."""
+    end = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > end:
+            pytest.fail("%s: not within %.0f s (last: %r)" % (what, timeout, value))
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def fd_count(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def thread_count(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError("no Threads: line")
+
+
+def rss_bytes(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS: line")
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of the whole process (all its threads)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK   # utime, stime: fields 14, 15
+
+
+TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
+              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
+              11: "CLOSING"}
+
+
+def tcp_sockets(pid):
+    """[(state name, timer, local port, remote port)] for the TCP sockets that
+    ``pid`` holds a descriptor for (matched by inode in /proc/PID/net/tcp*).
+
+    ``timer`` is /proc/net/tcp's "tr" field: 2 means a keepalive timer runs.
+    """
+    inodes = set()
+    base = "/proc/%d/fd" % pid
+    for fd in os.listdir(base):
+        try:
+            link = os.readlink(os.path.join(base, fd))
+        except OSError:   # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            with open("/proc/%d/net/%s" % (pid, table)) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            # sl local_address rem_address st tx:rx tr:tm->when retrnsmt uid timeout inode
+            fields = row.split()
+            if fields[9] in inodes:
+                found.append((TCP_STATES.get(int(fields[3], 16), fields[3]),
+                              int(fields[5].split(":")[0], 16),
+                              int(fields[1].rsplit(":", 1)[1], 16),
+                              int(fields[2].rsplit(":", 1)[1], 16)))
+    return found
+
+
+def close_wait(pid):
+    return [s for s in tcp_sockets(pid) if s[0] == "CLOSE_WAIT"]
+
+
+class Usage:
+    """A process's descriptors and threads now, to compare with later."""
+
+    def __init__(self, node):
+        """Taken at rest: only the main thread runs (the last connection's
+        thread may still be closing its sockets when the test sees the end)."""
+        self.node, self.pid = node, node.process.pid
+        wait_until(lambda: thread_count(self.pid) == 1, 10, "%s at rest" % node.args[2])
+        self.fds, self.threads = fd_count(self.pid), thread_count(self.pid)
+
+    def back_to_baseline(self, timeout=30):
+        """Wait until descriptors and threads are back where they were and no
+        socket of the process sits in CLOSE_WAIT; return (fds, threads)."""
+        end = time.monotonic() + timeout
+        while True:
+            fds, threads, waiting = fd_count(self.pid), thread_count(self.pid), close_wait(self.pid)
+            if (fds, threads, waiting) == (self.fds, self.threads, []):
+                return fds, threads
+            if time.monotonic() > end:
+                pytest.fail("%s did not return to its baseline of %d fds, %d threads and no "
+                            "CLOSE_WAIT within %d s: now %d fds, %d threads, CLOSE_WAIT %r"
+                            % (self.node.args[2], self.fds, self.threads, timeout,
+                               fds, threads, waiting))
+            time.sleep(0.05)   # polling the condition, with the deadline above
+
+
+# --- The programs under test ----------------------------------------------------------
+
+def start(role, *args, severity="info"):
+    """``obfsproxy.py <role> 127.0.0.1:0 <args>``, ready (it logged its port)."""
+    return Proxy(role, "127.0.0.1:0", "--log-min-severity=" + severity, *args)
+
+
+def wait_line(node, pattern, timeout=20.0, after=0):
+    """The first new log line matching ``pattern`` whose first group (a
+    connection number) is greater than ``after``."""
+    end = time.monotonic() + timeout
+    while True:
+        match = node.log.wait_for(pattern, timeout=max(0.1, end - time.monotonic()))
+        if not match.groups() or int(match.group(1)) > after:
+            return match
+
+
+def drain(*nodes):
+    """Consume the log lines already written, so that the next wait_for only
+    sees what comes after (the shared processes serve many tests)."""
+    for node in nodes:
+        node.log.rest(0.05)
+
+
+def conn_lines(node, number):
+    tag = "conn %d (" % number
+    return [line for line in node.log.lines if tag in line]
+
+
+def assert_no_traceback(*nodes):
+    for node in nodes:
+        bad = [line for line in node.log.lines
+               if "Traceback" in line or "internal error" in line or "[ERROR]" in line]
+        assert not bad, "unexpected error lines: %r" % bad
+
+
+def closed_port():
+    """A loopback port with nothing listening (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()
+
+
+def reset(sock):
+    """Close with SO_LINGER 0: the kernel sends RST instead of FIN."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def wait_closed(sock, timeout):
+    """Read and discard until the peer closes (EOF or RST); seconds it took.
+    Fails if the connection is still open after ``timeout``."""
+    began = time.monotonic()
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    except socket.timeout:
+        pytest.fail("the connection was still open after %.1f s" % timeout)
+    return time.monotonic() - began
+
+
+# --- The destination: what each connection does is chosen by its first 8 bytes ------
+
+class Dest:
+    """A service on 127.0.0.1 behind the tunnel. The application names the
+    behaviour in the first 8 bytes it sends (see ``_serve``); ``events`` gets
+    (mode, how it ended) for every connection."""
+
+    def __init__(self, backlog=1024):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(backlog)
+        self.address = self.listener.getsockname()
+        self.accepted = 0
+        self.events = queue.Queue()
+        self.release = threading.Event()      # lets "hold" connections go
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        mode, how = b"?", "ok"
+        try:
+            with conn:
+                try:
+                    mode = recv_exact(conn, 8)
+                except AssertionError:
+                    how = "closed before a mode"
+                    return
+                how = self._behave(conn, mode.rstrip(b" ").decode("ascii", "replace"))
+        except OSError as exc:
+            how = type(exc).__name__
+        finally:
+            self.events.put((mode.rstrip(b" ").decode("ascii", "replace"), how))
+
+    def _behave(self, conn, mode):
+        if mode == "echo":        # echo until EOF, then close
+            while True:
+                data = conn.recv(262144)
+                if not data:
+                    return "eof"
+                conn.sendall(data)
+        if mode == "digest":      # read to EOF, then answer SHA-256 and length (half-close)
+            digest, count = hashlib.sha256(), 0
+            while True:
+                data = conn.recv(1 << 20)
+                if not data:
+                    break
+                digest.update(data)
+                count += len(data)
+            conn.sendall(digest.digest() + struct.pack("!Q", count))
+            return "eof"
+        if mode == "send":        # send N bytes and close first
+            count = struct.unpack("!I", recv_exact(conn, 4))[0]
+            conn.sendall(pattern(count))
+            conn.shutdown(socket.SHUT_WR)
+            return "sent"
+        if mode == "rst":         # send N bytes, then reset mid-transfer
+            count = struct.unpack("!I", recv_exact(conn, 4))[0]
+            conn.sendall(pattern(count))
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return "reset"
+        if mode == "hold":        # never read (a black hole) until released
+            self.release.wait()
+            return "released"
+        if mode == "watch":       # say "w", read until the tunnel closes us, say how
+            conn.sendall(b"w")
+            while conn.recv(65536):
+                pass
+            return "eof"
+        return "unknown mode"
+
+    def close(self):
+        self.release.set()
+        self.listener.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def pattern(count):
+    block = hashlib.sha256(b"pattern").digest() * 2048   # 64 KiB
+    return (block * (count // len(block) + 1))[:count]
+
+
+def mode(name):
+    return name.encode().ljust(8)
+
+
+def open_tunnel(client, server, behaviour, timeout=30):
+    sock = socks5_connect(client.address, server.address, timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # small writes go at once
+    sock.sendall(mode(behaviour))
+    return sock
+
+
+# --- obfs2 and other bytes a hostile peer sends --------------------------------------
+
+def obfs2_header(initiator, magic=obfs2.MAGIC_VALUE, padlen=0, seed=None):
+    """SEED | E(PAD key of the sender, MAGIC | PADLEN) with no padding."""
+    seed = seed or os.urandom(obfs2.SEED_LENGTH)
+    stream = obfs2.ctr(obfs2.pad_key(seed, initiator))
+    return seed + stream.encrypt(struct.pack(">II", magic, padlen))
+
+
+HTTP_REQUEST = b"GET / HTTP/1.1\r\nHost: example.com\r\nUser-Agent: probe\r\nAccept: */*\r\n\r\n"
+HTTP_RESPONSE = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+def tls_client_hello(host=b"example.com"):
+    """A TLS 1.2 ClientHello with SNI, as a probe or a DPI box would send."""
+    sni = struct.pack("!HB H", len(host) + 3, 0, len(host)) + host
+    extensions = struct.pack("!HH", 0, len(sni)) + sni
+    body = (b"\x03\x03" + os.urandom(32) + b"\x00"                 # version, random, no session
+            + struct.pack("!H", 4) + b"\xc0\x2f\x00\x9c"           # two cipher suites
+            + b"\x01\x00"                                          # compression: null
+            + struct.pack("!H", len(extensions)) + extensions)
+    handshake = b"\x01" + struct.pack("!I", len(body))[1:] + body
+    return b"\x16\x03\x01" + struct.pack("!H", len(handshake)) + handshake
+
+
+def tls_server_hello():
+    body = b"\x03\x03" + os.urandom(32) + b"\x00" + b"\xc0\x2f" + b"\x00"
+    handshake = b"\x02" + struct.pack("!I", len(body))[1:] + body
+    return b"\x16\x03\x03" + struct.pack("!H", len(handshake)) + handshake
+
+
+def not_socks(data):
+    """Random bytes that cannot start a SOCKS4 or SOCKS5 greeting."""
+    return bytes([data[0] | 0x80]) + data[1:]
+
+
+def trickle(sock, data, interval=0.05):
+    """Send ``data`` a byte at a time on a thread, until it ends or the peer closes."""
+    def run():
+        for i in range(len(data)):
+            try:
+                sock.send(data[i:i + 1])
+            except OSError:
+                return
+            time.sleep(interval)   # the pace of the slow peer, not synchronisation
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+# === Bounded handshakes ===================================================================
+
+@pytest.fixture(scope="module")
+def dest():
+    with Dest() as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def pair(dest):
+    """A server in front of ``dest`` and a SOCKS client, both with a short
+    handshake deadline, logging at info (one line per connection)."""
+    server = start("server", "--dest=" + fmt(dest.address), "--handshake-timeout=%s" % HS)
+    client = start("client", "--handshake-timeout=%s" % HS)
+    with server, client:
+        yield server, client
+    assert_no_traceback(server, client)
+
+
+def one_line_for_the_connection(node, expected, marker):
+    """Wait for the connection's closing line; make a ``marker`` connection
+    (whose line is logged after it); then that connection must have exactly one
+    log line, the expected one."""
+    match = wait_line(node, r"conn (\d+) \(.*: (%s)" % expected)
+    number = int(match.group(1))
+    marker()
+    wait_line(node, r"conn (\d+) \(", after=number)
+    lines = conn_lines(node, number)
+    assert len(lines) == 1, lines
+    assert_no_traceback(node)
+    return lines[0]
+
+
+def server_marker(server):
+    def run():
+        with socket.create_connection(server.address, timeout=5) as s:
+            s.sendall(b"\0" * 64)
+            wait_closed(s, 5)
+    return run
+
+
+def socks_marker(client):
+    def run():
+        with socket.create_connection(client.address, timeout=5) as s:
+            s.sendall(b"\0")
+            wait_closed(s, 5)
+    return run
+
+
+TIMED_OUT = "handshake timed out"
+NOT_OBFS2 = "not obfs2"
+
+SERVER_PORT_CASES = {
+    # name: (bytes sent at once, bytes trickled afterwards, expected log line)
+    "silent": (b"", b"", TIMED_OUT),
+    "trickling padding": (obfs2_header(True, padlen=8192), os.urandom(8192), TIMED_OUT),
+    "trickling header": (b"", os.urandom(23), TIMED_OUT),
+    "random bytes": (os.urandom(64), b"", NOT_OBFS2),
+    "HTTP request": (HTTP_REQUEST, b"", NOT_OBFS2),
+    "TLS ClientHello": (tls_client_hello(), b"", NOT_OBFS2),
+    "wrong magic": (obfs2_header(True, magic=obfs2.MAGIC_VALUE ^ 1), b"", "invalid magic"),
+    "PADLEN 8193": (obfs2_header(True, padlen=8193), b"", "padding length 8193 exceeds 8192"),
+    "half a header, then gone": (os.urandom(10), b"", "peer closed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SERVER_PORT_CASES))
+def test_server_port_closes_bad_handshakes_within_the_deadline(pair, dest, case):
+    server, _ = pair
+    drain(server)
+    at_once, slowly, expected = SERVER_PORT_CASES[case]
+    accepted_before = dest.accepted
+    sock = socket.create_connection(server.address, timeout=5)
+    with sock:
+        sock.sendall(at_once)
+        if case == "half a header, then gone":
+            sock.shutdown(socket.SHUT_WR)
+        elif slowly:
+            trickle(sock, slowly)
+        took = wait_closed(sock, HS + SLACK + 2)
+    if expected == TIMED_OUT:
+        assert HS - 0.1 <= took <= HS + SLACK, "closed after %.2f s; deadline %.1f s" % (took, HS)
+    else:
+        assert took < 1.0, "garbage should be refused at once, took %.2f s" % took
+    line = one_line_for_the_connection(server, expected, server_marker(server))
+    assert "[INFO]" in line
+    assert dest.accepted == accepted_before, "the server touched --dest for a failed handshake"
+
+
+SOCKS_PORT_CASES = {
+    "silent": (b"", b"", TIMED_OUT),
+    "trickling SOCKS5": (b"", b"\x05\x01\x00\x05\x01\x00\x03\xc8" + b"a" * 200 + b"\x01\xbb",
+                         TIMED_OUT),
+    "trickling SOCKS4 user id": (b"\x04\x01\x01\xbb\x7f\x00\x00\x01", b"u" * 200, TIMED_OUT),
+    "random bytes": (not_socks(os.urandom(64)), b"", "SOCKS: not a SOCKS4 or SOCKS5 client"),
+    "HTTP request": (HTTP_REQUEST, b"", "SOCKS: not a SOCKS4 or SOCKS5 client"),
+    "HTTP CONNECT": (b"CONNECT example.com:443 HTTP/1.1\r\n\r\n", b"",
+                     "SOCKS: not a SOCKS4 or SOCKS5 client"),
+    "TLS ClientHello": (tls_client_hello(), b"", "SOCKS: not a SOCKS4 or SOCKS5 client"),
+    "SOCKS4 user id too long": (b"\x04\x01\x01\xbb\x7f\x00\x00\x01" + b"u" * 2000, b"",
+                                "SOCKS: SOCKS4 USERID too long"),
+    "SOCKS5 BIND": (b"\x05\x01\x00\x05\x02\x00\x01\x7f\x00\x00\x01\x01\xbb", b"",
+                    "SOCKS: SOCKS5 command 2 is not supported"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SOCKS_PORT_CASES))
+def test_socks_port_closes_bad_handshakes_within_the_deadline(pair, case):
+    _, client = pair
+    drain(client)
+    at_once, slowly, expected = SOCKS_PORT_CASES[case]
+    with socket.create_connection(client.address, timeout=5) as sock:
+        sock.sendall(at_once)
+        if slowly:
+            trickle(sock, slowly)
+        took = wait_closed(sock, HS + SLACK + 2)
+    if expected == TIMED_OUT:
+        assert HS - 0.1 <= took <= HS + SLACK, "closed after %.2f s; deadline %.1f s" % (took, HS)
+    else:
+        assert took < 1.0, "garbage should be refused at once, took %.2f s" % took
+    one_line_for_the_connection(client, re.escape(expected), socks_marker(client))
+
+
+def bad_server(send=b"", slowly=b"", close=False):
+    """A fake obfs2 server: reads what the client sends, answers ``send``,
+    then trickles ``slowly``, or closes at once when ``close``."""
+    def behaviour(conn):
+        if close:
+            return
+        conn.sendall(send)
+        if slowly:
+            trickle(conn, slowly).join()
+        while conn.recv(65536):
+            pass
+    return behaviour
+
+
+BAD_SERVER_CASES = {
+    # name: (fake server, SOCKS5 reply code expected, log line expected)
+    "silent": (bad_server(), 0x06, "timed out|deadline"),
+    "trickling padding": (bad_server(obfs2_header(False, padlen=8192), os.urandom(8192)), 0x06,
+                          "timed out|deadline"),
+    "random bytes": (bad_server(os.urandom(64)), 0x01, "invalid magic"),
+    "HTTP response": (bad_server(HTTP_RESPONSE), 0x01, "invalid magic"),
+    "TLS ServerHello": (bad_server(tls_server_hello()), 0x01, "invalid magic"),
+    "wrong magic": (bad_server(obfs2_header(False, magic=0)), 0x01, "invalid magic"),
+    "PADLEN 8193": (bad_server(obfs2_header(False, padlen=8193)), 0x01, "padding length 8193"),
+    "closes at once": (bad_server(close=True), 0x01, "peer closed|reset"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SERVER_CASES))
+def test_client_closes_bad_server_handshakes_within_the_deadline(pair, case):
+    """The client's other handshake, towards the obfs2 server, is bounded too,
+    and its failure reaches the application as a SOCKS error."""
+    from support import EchoServer
+    _, client = pair
+    drain(client)
+    behaviour, code, expected = BAD_SERVER_CASES[case]
+    with EchoServer(behaviour=behaviour) as fake:
+        began = time.monotonic()
+        with pytest.raises(SocksReplyError) as failure:
+            socks5_connect(client.address, fake.address, timeout=HS + SLACK + 2)
+        took = time.monotonic() - began
+    assert failure.value.code == code
+    if code == 0x06:
+        assert HS - 0.1 <= took <= HS + SLACK, "answered after %.2f s; deadline %.1f s" % (took, HS)
+    else:
+        assert took < 1.0, took
+    one_line_for_the_connection(client, "SOCKS: obfs2 handshake with the server failed: .*(%s)"
+                                % expected, socks_marker(client))
+
+
+def test_unanswered_connect_is_bounded_and_blocks_no_one(pair, dest):
+    """A server address that never answers (its SYNs are dropped: a listener
+    with a full accept queue) costs one connection its deadline; meanwhile
+    other tunnels through the same client work."""
+    server, client = pair
+    blackhole = socket.socket()
+    blackhole.bind(("127.0.0.1", 0))
+    blackhole.listen(0)
+    fillers = []
+    try:
+        # Fill the accept queue so that further SYNs are dropped, not refused.
+        for _ in range(4):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(blackhole.getsockname())
+            fillers.append(s)
+        probe = socket.socket()
+        probe.settimeout(0.5)
+        try:
+            probe.connect(blackhole.getsockname())
+            pytest.skip("this kernel answers SYNs beyond a full accept queue")
+        except socket.timeout:
+            pass
+        finally:
+            probe.close()
+        outcome = {}
+
+        def doomed():
+            began = time.monotonic()
+            try:
+                socks5_connect(client.address, blackhole.getsockname(), timeout=HS + SLACK + 2)
+                outcome["code"] = 0
+            except SocksReplyError as exc:
+                outcome["code"] = exc.code
+            outcome["took"] = time.monotonic() - began
+        waiting = threading.Thread(target=doomed)
+        waiting.start()
+        # While it waits, another tunnel through the same client works.
+        with open_tunnel(client, server, "echo") as sock:
+            sock.sendall(b"still flowing")
+            sock.shutdown(socket.SHUT_WR)
+            assert recv_all(sock) == b"still flowing"
+        waiting.join(HS + SLACK + 5)
+        assert outcome.get("code") == 0x06, outcome       # TTL expired
+        assert HS - 0.1 <= outcome["took"] <= HS + SLACK, outcome
+    finally:
+        for s in fillers:
+            s.close()
+        blackhole.close()
+
+
+# === Shared-secret work cannot stall the process ===========================================
+
+def ping(sock, rounds=1):
+    """Round-trip times of one byte through an echo tunnel."""
+    times = []
+    for _ in range(rounds):
+        began = time.monotonic()
+        sock.sendall(b"p")
+        recv_exact(sock, 1)
+        times.append(time.monotonic() - began)
+    return times
+
+
+def test_shared_secret_flood_does_not_stall_live_tunnels(dest):
+    """Every connection to a shared-secret server costs 100000 SHA-256 per MAC
+    before the peer is checked. 50 connections at once must not stall a live
+    tunnel through the same server (each MAC holds the GIL for ~0.1 s: run
+    side by side, 50 of them would starve everything else)."""
+    secret = "--shared-secret=flood test"
+    server = start("server", "--dest=" + fmt(dest.address), secret)
+    client = start("client", secret)
+    with server, client, open_tunnel(client, server, "echo") as live:
+        live.settimeout(60)
+        before = ping(live, 20)
+        flood = []
+        for _ in range(50):
+            s = socket.create_connection(server.address, timeout=60)
+            s.sendall(os.urandom(obfs2.HEADER_LENGTH))   # forces both padding MACs
+            flood.append(s)
+        during, began = [], time.monotonic()
+        open_flood = list(flood)
+        while open_flood:
+            during += ping(live)
+            readable, _, _ = select.select(open_flood, [], [], 0)
+            for s in readable:
+                try:
+                    if s.recv(65536):
+                        continue
+                except ConnectionResetError:
+                    pass
+                open_flood.remove(s)
+            assert time.monotonic() - began < 60, "the flood was not handled within 60 s"
+        flood_took = time.monotonic() - began
+        for s in flood:
+            s.close()
+        during.sort()
+        median, p90 = during[len(during) // 2], during[len(during) * 9 // 10]
+        print("\nflood of 50 shared-secret handshakes handled in %.1f s; live tunnel RTT "
+              "before: max %.1f ms; during (%d pings): mean %.1f ms, median %.1f ms, 90th "
+              "percentile %.1f ms, max %.1f ms"
+              % (flood_took, max(before) * 1000, len(during), sum(during) / len(during) * 1000,
+                 median * 1000, p90 * 1000, during[-1] * 1000))
+        assert len(during) >= 20, "the flood ended too soon to measure anything"
+        # The maximum is not asserted: on a shared CI machine any process can be
+        # descheduled for a while. A stalled process shows in the median.
+        # Measured on 2 cores: mean 3 ms, 90th percentile 4 ms; with no bound on
+        # the key work, mean 100-150 ms and 90th percentile 240-360 ms.
+        mean = sum(during) / len(during)
+        assert mean < 0.04, "mean RTT %.3f s during the flood" % mean
+        assert p90 < 0.08, "90th percentile RTT %.3f s during the flood" % p90
+        assert_no_traceback(server, client)
+
+
+# === Bounded resources ===================================================================
+
+def test_max_connections_refuses_cleanly_and_recovers(dest):
+    server = start("server", "--dest=" + fmt(dest.address), "--max-connections=3",
+                   "--handshake-timeout=60", severity="debug")
+    client = start("client")
+    with server, client:
+        held = [socket.create_connection(server.address, timeout=5) for _ in range(3)]
+        for _ in range(3):
+            server.log.wait_for(r"conn \d+ \(.*: accepted")
+        for _ in range(5):
+            with socket.create_connection(server.address, timeout=5) as extra:
+                # Refused cleanly: a FIN (EOF), not a hang and not an error.
+                extra.settimeout(5)
+                assert extra.recv(1) == b""
+        server.log.wait_for(r"refusing a connection.*--max-connections")
+        # One connection ends: the server takes tunnels again.
+        held.pop().close()
+        server.log.wait_for(r"conn \d+ \(.*: (peer closed|Connection reset)")
+        with open_tunnel(client, server, "echo") as sock:
+            sock.sendall(b"after the cap")
+            sock.shutdown(socket.SHUT_WR)
+            assert recv_all(sock) == b"after the cap"
+        for s in held:
+            s.close()
+        server.log.wait_for(r"closed after \d+ bytes up")
+        refusals = [line for line in server.log.rest(0.5) if "refusing a connection" in line]
+        # Logged, but not once per refused connection: a flood must not flood the log.
+        assert 1 <= len(refusals) <= 2, refusals
+    assert_no_traceback(server, client)
+
+
+def test_thread_start_failure_closes_that_connection_only(monkeypatch, caplog):
+    """The Proxy in this process; threading.Thread.start fails for the 2nd and
+    3rd connection (as it does when the OS refuses a thread)."""
+    with Dest() as d:
+        settings = obfsproxy.Settings(transport="dummy", dest=d.address, handshake_timeout=5)
+        proxy = obfsproxy.Proxy(max_connections=100)
+        address = proxy.listen(("127.0.0.1", 0), obfsproxy.handle_server, settings)
+        real = threading.Thread
+        starts = {"conn": 0}
+
+        class FlakyThread(real):
+            def start(self):
+                if self.name.startswith("conn-"):
+                    starts["conn"] += 1
+                    if starts["conn"] in (2, 3):
+                        raise RuntimeError("can't start new thread")
+                super().start()
+
+        serving = threading.Thread(target=proxy.serve, daemon=True)
+        serving.start()
+        assert proxy.ready.wait(5)
+        monkeypatch.setattr(obfsproxy.threading, "Thread", FlakyThread)
+        try:
+            with caplog.at_level(logging.INFO, logger="obfsproxy"):
+                first = socket.create_connection(address, timeout=5)
+                first.sendall(mode("echo") + b"one")
+                assert recv_exact(first, 3) == b"one"
+                for _ in range(2):
+                    with socket.create_connection(address, timeout=5) as doomed:
+                        assert wait_closed(doomed, 5) < 2
+                with socket.create_connection(address, timeout=5) as fourth:
+                    fourth.sendall(mode("echo") + b"four")
+                    fourth.shutdown(socket.SHUT_WR)
+                    assert recv_all(fourth) == b"four"
+                first.sendall(b"still one")            # the first tunnel was not disturbed
+                first.shutdown(socket.SHUT_WR)
+                assert recv_all(first) == b"still one"
+                first.close()
+                wait_until(lambda: proxy.live == 0, 10, "all connections finished")
+            errors = [r.getMessage() for r in caplog.records if "cannot start a thread" in r.getMessage()]
+            assert len(errors) == 2, errors
+        finally:
+            monkeypatch.undo()
+            proxy.stop()
+            serving.join(10)
+        assert not serving.is_alive()
+
+
+LIMITED = r"""
+import resource, runpy, sys
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+class LimitedProxy(Proxy):
+    """``support.Proxy`` started under a hard descriptor limit."""
+
+    def __init__(self, limit, *args):
+        self.args = [sys.executable, "-c", LIMITED, str(limit), PROGRAM, *args]
+        self.process = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
+        from support import LISTENING, LineReader
+        self.log = LineReader(self.process.stderr)
+        match = self.log.wait_for(LISTENING.pattern)
+        self.address = (match.group(1).strip("[]"), int(match.group(2)))
+
+
+@needs_proc
+def test_out_of_descriptors_fails_single_connections_and_recovers(dest):
+    """A server allowed only 40 descriptors: it says so at start; tunnels
+    beyond what fits fail one by one (EMFILE on accept or on connect), the
+    process carries on, and once tunnels close it serves again."""
+    pytest.importorskip("resource")
+    server = LimitedProxy(40, "server", "127.0.0.1:0", "--dest=" + fmt(dest.address),
+                          "--handshake-timeout=%s" % HS, "--log-min-severity=info")
+    client = start("client", "--handshake-timeout=%s" % HS)
+    with server, client:
+        assert any("only 40 file descriptors allowed" in line for line in server.log.lines)
+        held, failed, began = [], 0, time.monotonic()
+        while failed < 3 and len(held) < 40:
+            try:
+                sock = open_tunnel(client, server, "echo", timeout=HS + SLACK + 2)
+                sock.sendall(b"?")
+                sock.settimeout(HS + SLACK + 2)
+                if sock.recv(1) == b"?":
+                    held.append(sock)
+                    continue
+                sock.close()
+            except (SocksReplyError, OSError):
+                pass
+            failed += 1
+        assert failed and len(held) >= 10, (len(held), failed)
+        assert server.process.poll() is None
+        for sock in held:                     # the survivors still work
+            sock.sendall(b"!")
+            assert recv_exact(sock, 1) == b"!"
+            sock.close()
+        wait_until(lambda: thread_count(server.process.pid) == 1, 10, "the server at rest")
+        with open_tunnel(client, server, "echo") as sock:
+            sock.sendall(b"recovered")
+            sock.shutdown(socket.SHUT_WR)
+            assert recv_all(sock) == b"recovered"
+        lines = server.log.rest(0.3)
+        took = time.monotonic() - began
+        complaints = [line for line in lines if "accept failed" in line]
+        print("\n40 descriptors: %d tunnels held, %d failed, %d 'accept failed' line(s) in %.1f s"
+              % (len(held), failed, len(complaints), took))
+        # Rate-limited: one line per 10 s (Proxy.COMPLAINT_INTERVAL), not one per attempt.
+        assert len(complaints) <= 1 + took // 10, complaints
+    assert_no_traceback(server, client)
+
+
+@needs_proc
+def test_black_hole_holds_bounded_memory_and_blocks_no_one(dest):
+    """A destination that stops reading: the tunnel stops taking data (its
+    buffers are bounded, so are the processes' memory), and other tunnels
+    through the same processes keep flowing."""
+    server = start("server", "--dest=" + fmt(dest.address))
+    client = start("client")
+    with server, client:
+        rss = {node: rss_bytes(node.process.pid) for node in (server, client)}
+        hole = open_tunnel(client, server, "hold")
+        hole.setblocking(False)
+        block, sent, stalled_since = os.urandom(1 << 20), 0, None
+        while sent < (512 << 20):
+            _, writable, _ = select.select([], [hole], [], 0.25)
+            if not writable:
+                stalled_since = stalled_since or time.monotonic()
+                if time.monotonic() - stalled_since > 1.0:   # 1 s without progress: full
+                    break
+                continue
+            stalled_since = None
+            try:
+                sent += hole.send(block)
+            except BlockingIOError:
+                pass
+        grown = {node.args[2]: rss_bytes(node.process.pid) - rss[node] for node in rss}
+        print("\nblack hole took %.1f MiB before stopping; RSS growth %s"
+              % (sent / 2 ** 20, {k: "%.1f MiB" % (v / 2 ** 20) for k, v in grown.items()}))
+        assert sent < (256 << 20), "the tunnel kept taking data: %d MiB" % (sent >> 20)
+        for name, growth in grown.items():
+            assert growth < (32 << 20), "%s grew by %d MiB" % (name, growth >> 20)
+        # Others are not blocked: full round trips through the same processes.
+        for _ in range(3):
+            with open_tunnel(client, server, "echo") as sock:
+                payload = os.urandom(300000)
+                sock.sendall(payload)
+                sock.shutdown(socket.SHUT_WR)
+                assert recv_all(sock) == payload
+        dest.release.set()
+        hole.close()
+    dest.release.clear()
+
+
+# === One side fails: the other side is closed too ================================================
+
+def next_event(dest, timeout=10):
+    try:
+        return dest.events.get(timeout=timeout)
+    except queue.Empty:
+        pytest.fail("the destination's connection was not closed within %d s" % timeout)
+
+
+def drain_events(dest):
+    while not dest.events.empty():
+        dest.events.get_nowait()
+
+
+def test_application_reset_closes_the_destination(pair, dest):
+    server, client = pair
+    drain_events(dest)
+    sock = open_tunnel(client, server, "watch")
+    assert recv_exact(sock, 1) == b"w"
+    sock.sendall(b"x" * 1000)
+    reset(sock)
+    assert next_event(dest)[0] == "watch"
+
+
+def test_destination_reset_closes_the_application(pair, dest):
+    server, client = pair
+    with open_tunnel(client, server, "rst") as sock:
+        sock.sendall(struct.pack("!I", 100000))
+        assert wait_closed(sock, 10) < 10
+
+
+def test_server_process_killed_closes_the_application_and_destination(dest):
+    """A peer that vanishes whole (its process killed): both ends see the close."""
+    server = start("server", "--dest=" + fmt(dest.address))
+    client = start("client")
+    with client:
+        drain_events(dest)
+        sock = open_tunnel(client, server, "watch")
+        assert recv_exact(sock, 1) == b"w"
+        server.process.kill()
+        server.stop()
+        assert next_event(dest)[0] == "watch"
+        assert wait_closed(sock, 10) < 10
+        sock.close()
+        assert_no_traceback(client)
+
+
+@pytest.mark.xfail(strict=True, reason="relay(): while a direction holds pending bytes for a "
+                   "peer that does not read, its source socket is not watched at all, so a "
+                   "reset of that source goes unnoticed and the tunnel is held until the "
+                   "black hole reads or closes (see the report of issue 4)")
+def test_application_reset_while_backpressured_closes_the_tunnel(dest):
+    """The application gives up (RST) on a tunnel whose destination stopped
+    reading: the tunnel must end on both proxies, not wait for the black hole."""
+    server = start("server", "--dest=" + fmt(dest.address))
+    client = start("client")
+    with server, client:
+        drain_events(dest)
+        usage = [Usage(server), Usage(client)]
+        hole = open_tunnel(client, server, "hold")
+        hole.setblocking(False)
+        block, stalled_since = os.urandom(1 << 20), None
+        while True:  # fill every buffer on the way
+            _, writable, _ = select.select([], [hole], [], 0.25)
+            if writable:
+                stalled_since = None
+                try:
+                    hole.send(block)
+                except BlockingIOError:
+                    pass
+            else:
+                stalled_since = stalled_since or time.monotonic()
+                if time.monotonic() - stalled_since > 0.5:
+                    break
+        reset(hole)
+        try:
+            client.log.wait_for(r"conn \d+ \(.*: (Connection reset|closed after)", timeout=2)
+            for u in usage:
+                u.back_to_baseline(timeout=2)
+        finally:
+            dest.release.set()
+    dest.release.clear()
+
+
+# === Nothing leaks ==============================================================================
+
+def end_normally(client, server, dest):
+    """The application sends, half-closes first, reads the whole echo, closes."""
+    with open_tunnel(client, server, "echo") as sock:
+        data = os.urandom(20000)
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        assert recv_all(sock) == data
+
+
+def end_destination_first(client, server, dest):
+    with open_tunnel(client, server, "send") as sock:
+        sock.sendall(struct.pack("!I", 30000))
+        assert recv_all(sock) == pattern(30000)
+
+
+def end_half_close(client, server, dest):
+    """The reply comes only after the application's EOF (a half-closed tunnel)."""
+    with open_tunnel(client, server, "digest") as sock:
+        data = os.urandom(50000)
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        answer = recv_all(sock)
+        assert answer == hashlib.sha256(data).digest() + struct.pack("!Q", len(data))
+
+
+def end_application_reset(client, server, dest):
+    sock = open_tunnel(client, server, "echo")
+    sock.sendall(os.urandom(100000))
+    recv_exact(sock, 1000)
+    reset(sock)
+
+
+def end_destination_reset(client, server, dest):
+    with open_tunnel(client, server, "rst") as sock:
+        sock.sendall(struct.pack("!I", 200000))
+        wait_closed(sock, 10)
+
+
+def end_garbage_to_server(client, server, dest):
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(os.urandom(100))
+        wait_closed(sock, 10)
+
+
+def end_garbage_to_socks(client, server, dest):
+    with socket.create_connection(client.address, timeout=10) as sock:
+        sock.sendall(HTTP_REQUEST)
+        wait_closed(sock, 10)
+
+
+def end_upstream_not_obfs2(client, server, dest):
+    """The SOCKS target is not an obfs2 server: the client's handshake fails."""
+    with pytest.raises(SocksReplyError):
+        socks5_connect(client.address, dest.address, timeout=10)
+
+
+def end_refused_server(client, server, dest):
+    with pytest.raises(SocksReplyError) as failure:
+        socks5_connect(client.address, closed_port(), timeout=10)
+    assert failure.value.code == 0x05
+
+
+def end_application_vanishes_mid_handshake(client, server, dest):
+    with socket.create_connection(client.address, timeout=10) as sock:
+        sock.sendall(b"\x05\x01\x00\x05\x01")
+        recv_exact(sock, 2)
+        reset(sock)
+
+
+ENDINGS = [end_normally, end_destination_first, end_half_close, end_application_reset,
+           end_destination_reset, end_garbage_to_server, end_garbage_to_socks,
+           end_upstream_not_obfs2, end_refused_server, end_application_vanishes_mid_handshake]
+
+VANISHING_APP = r"""
+import socket, struct, sys, time
+port, server_port, count = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+held = []
+for _ in range(count):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"\x05\x01\x00")
+    s.recv(2)
+    s.sendall(b"\x05\x01\x00\x01" + socket.inet_aton("127.0.0.1") + struct.pack("!H", server_port))
+    s.recv(10)
+    s.sendall(b"echo    " + b"v" * 300000)   # the echo comes back and is never read
+    held.append(s)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def vanish(client, server, count):
+    """An application process that opens ``count`` tunnels and is killed
+    (SIGKILL) with data in flight: the peer vanishes without a goodbye."""
+    app = subprocess.Popen([sys.executable, "-c", VANISHING_APP, str(client.address[1]),
+                            str(server.address[1]), str(count)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert app.stdout.readline().strip() == "ready"
+    finally:
+        app.kill()
+        app.wait()
+        app.stdout.close()
+
+
+def end_every_way(client, server, dest, refusing_server, rounds, workers):
+    """Run every ending ``rounds`` times over ``workers`` threads, plus tunnels
+    to a refused destination, a few silent peers (handshake timeouts) and
+    vanishing applications. Returns the number of connections."""
+    jobs = [(ending, server) for ending in ENDINGS for _ in range(rounds)]
+    jobs += [(end_destination_first_refused, refusing_server)] * rounds
+    jobs += [(end_silent, server)] * max(1, rounds // 10)
+    random.Random(len(jobs)).shuffle(jobs)          # mixed, the same way every run
+    with ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(ending, client, target, dest) for ending, target in jobs]
+        for _ in range(max(1, rounds // 20)):
+            vanish(client, server, 20)
+        for future in futures:
+            future.result()
+    return len(jobs) + max(1, rounds // 20) * 20
+
+
+def end_silent(client, server, dest):
+    """Silent on both ports: closed by the handshake deadlines."""
+    with socket.create_connection(server.address, timeout=10) as one, \
+            socket.create_connection(client.address, timeout=10) as other:
+        wait_closed(one, 30)
+        wait_closed(other, 30)
+
+
+def end_destination_first_refused(client, server, dest):
+    """The server cannot reach its --dest: the tunnel is closed after the handshake."""
+    with socks5_connect(client.address, server.address, timeout=10) as sock:
+        assert wait_closed(sock, 10) < 10
+
+
+@pytest.fixture()
+def refusing_server():
+    with start("server", "--dest=" + fmt(closed_port())) as node:
+        yield node
+
+
+@needs_proc
+def test_nothing_leaks_after_connections_end_every_way(dest, refusing_server):
+    server = start("server", "--dest=" + fmt(dest.address), "--handshake-timeout=2")
+    client = start("client", "--handshake-timeout=2")
+    with server, client:
+        end_normally(client, server, dest)            # warm up: lazy imports, first thread
+        baseline = [Usage(node) for node in (server, client, refusing_server)]
+        began = time.monotonic()
+        total = end_every_way(client, server, dest, refusing_server, rounds=12, workers=12)
+        took = time.monotonic() - began
+        after = [u.back_to_baseline() for u in baseline]
+        print("\n%d connections ending %d ways in %.1f s; (fds, threads) before %s, after %s"
+              % (total, len(ENDINGS) + 3, took, [(u.fds, u.threads) for u in baseline],
+                 after))
+        assert_no_traceback(server, client, refusing_server)
+
+
+# === Idle tunnels cost nothing; vanished peers are noticed ===========================================
+
+@needs_proc
+def test_idle_tunnels_cost_no_cpu(dest):
+    server = start("server", "--dest=" + fmt(dest.address))
+    client = start("client")
+    with server, client:
+        tunnels = []
+        try:
+            for _ in range(100):
+                sock = open_tunnel(client, server, "echo")
+                sock.sendall(b"?")
+                assert recv_exact(sock, 1) == b"?"      # the relay is running
+                tunnels.append(sock)
+            assert fd_count(client.process.pid) >= 200
+            before = [cpu_seconds(n.process.pid) for n in (server, client)]
+            assert all(before), "the CPU counters read nothing: %r" % before   # they started
+            time.sleep(10)          # the measuring window
+            used = [cpu_seconds(n.process.pid) - b for n, b in zip((server, client), before)]
+            print("\n100 idle tunnels for 10 s: server %.3f CPU-s, client %.3f CPU-s" % tuple(used))
+            assert sum(used) < 0.1, used
+            for sock in tunnels:
+                sock.sendall(b"!")
+                assert recv_exact(sock, 1) == b"!"      # and they still work
+        finally:
+            for sock in tunnels:
+                sock.close()
+
+
+@needs_proc
+def test_tunnel_sockets_have_keepalive(pair):
+    """A peer that vanishes without FIN or RST (power cut, NAT timeout) is only
+    noticed by TCP keepalive: every established socket of a tunnel runs a
+    keepalive timer (/proc/net/tcp "tr" = 2), on both proxies."""
+    server, client = pair
+    with open_tunnel(client, server, "echo") as sock:
+        sock.sendall(b"k")
+        recv_exact(sock, 1)
+        for node in (server, client):
+            def keepalive(node=node):
+                established = [s for s in tcp_sockets(node.process.pid) if s[0] == "ESTABLISHED"]
+                # Timer 1 (retransmission, loss probe) may show for a moment after a send.
+                return len(established) >= 2 and all(s[1] == 2 for s in established)
+            wait_until(keepalive, 5, "keepalive timers on %s's tunnel sockets" % node.args[2])
+
+
+# === Not an open proxy ========================================================================
+
+def read_startup(args, patterns=("listening on", "cannot listen"), prefix=()):
+    """Start the program, return its log lines up to the first of ``patterns``."""
+    process = subprocess.Popen([*prefix, sys.executable, PROGRAM, *args], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               cwd=str(ROOT))
+    lines = []
+    try:
+        for line in process.stderr:
+            lines.append(line)
+            if any(p in line for p in patterns):
+                break
+    finally:
+        process.terminate()
+        process.wait(10)
+        process.stderr.close()
+    return "".join(lines)
+
+
+def test_socks_listener_defaults_to_loopback():
+    text = read_startup(["client"])
+    # Either it listens on 127.0.0.1:1050, or that port was taken and it says so.
+    assert re.search(r"(listening on|cannot listen on) 127\.0\.0\.1:1050", text), text
+
+
+def only_loopback_up():
+    """True when every network interface but lo is down (Linux sysfs)."""
+    try:
+        for name in os.listdir("/sys/class/net"):
+            with open("/sys/class/net/%s/operstate" % name) as f:
+                if name != "lo" and f.read().strip() == "up":
+                    return False
+    except OSError:
+        return False
+    return True
+
+
+def test_socks_listener_elsewhere_warns_loudly():
+    args = ["client", "0.0.0.0:0"]
+    if only_loopback_up():
+        prefix = []             # 0.0.0.0 here reaches nothing but loopback
+    elif shutil.which("unshare") and subprocess.call(
+            ["unshare", "-rn", "true"], stderr=subprocess.DEVNULL) == 0:
+        prefix = ["unshare", "-rn"]   # a network namespace of its own: nothing to reach
+    else:
+        pytest.skip("binding 0.0.0.0 here would open a port beyond loopback")
+    text = read_startup(args, prefix=prefix)
+    assert "listening on 0.0.0.0:" in text, text
+    warning = [line for line in text.splitlines() if "[WARNING]" in line]
+    assert warning and "reachable from other machines" in warning[0], text
+
+
+def test_server_never_connects_where_a_socks_request_asks(pair, dest):
+    """A SOCKS request sent to the server's port is garbage to it; and a SOCKS
+    request carried *inside* a valid obfs2 stream is only data for --dest."""
+    server, _ = pair
+    drain(server)
+    target = Dest()
+    try:
+        request = (b"\x05\x01\x00" + b"\x05\x01\x00\x01" + socket.inet_aton("127.0.0.1")
+                   + struct.pack("!H", target.address[1]) + HTTP_REQUEST)
+        accepted = dest.accepted
+        with socket.create_connection(server.address, timeout=5) as sock:
+            sock.sendall(request)
+            assert wait_closed(sock, 5) < 1
+        server.log.wait_for(r"not obfs2")
+        # Inside a real obfs2 handshake: the server forwards the bytes to --dest only.
+        client_side = obfs2.Obfs2(initiator=True)
+        with socket.create_connection(server.address, timeout=5) as sock:
+            sock.sendall(client_side.start())
+            received = b""
+            while not client_side.is_open:
+                chunk = sock.recv(65536)
+                assert chunk, "the server closed a valid handshake"
+                received += client_side.receive(chunk)
+            sock.sendall(client_side.send(mode("echo") + request))
+            sock.shutdown(socket.SHUT_WR)
+            echoed = received + client_side.receive(recv_all(sock))
+        assert echoed == request
+        assert dest.accepted == accepted + 1
+        assert target.accepted == 0, "the server connected where the SOCKS request said"
+    finally:
+        target.close()
+
+
+# === No leaks of who =============================================================================
+
+CLIENT_IP = "127.33.44.55"   # an application address that appears nowhere else
+IP_OR_PORT = re.compile(r"\b\d{1,3}(\.\d{1,3}){3}\b|::1|\[[0-9a-f:]+\]")
+
+
+def from_client_ip(address):
+    sock = socket.socket()
+    try:
+        sock.bind((CLIENT_IP, 0))
+    except OSError:
+        sock.close()
+        pytest.skip("cannot bind %s (only Linux routes all of 127/8 to loopback)" % CLIENT_IP)
+    sock.settimeout(10)
+    sock.connect(address)
+    return sock
+
+
+def socks_from_client_ip(client, target):
+    sock = from_client_ip(client.address)
+    sock.sendall(b"\x05\x01\x00\x05\x01\x00\x01" + socket.inet_aton(target[0])
+                 + struct.pack("!H", target[1]))
+    recv_exact(sock, 2)
+    return sock, recv_exact(sock, 10)[1]
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["default", "no-safe-logging"])
+def test_no_address_in_the_log_unless_asked(dest, safe):
+    extra = () if safe else ("--no-safe-logging",)
+    server = start("server", "--dest=" + fmt(dest.address), "--handshake-timeout=%s" % HS,
+                   *extra, severity="debug")
+    client = start("client", "--handshake-timeout=%s" % HS, *extra, severity="debug")
+    with server, client:
+        sock, code = socks_from_client_ip(client, server.address)       # a whole tunnel
+        assert code == 0
+        sock.sendall(mode("echo") + b"who?")
+        sock.shutdown(socket.SHUT_WR)
+        assert recv_all(sock) == b"who?"
+        sock.close()
+        for garbage in (HTTP_REQUEST, b""):                            # handshake failures
+            with from_client_ip(server.address) as s:
+                s.sendall(garbage)
+                wait_closed(s, HS + SLACK + 2)
+            with from_client_ip(client.address) as s:
+                s.sendall(garbage)
+                wait_closed(s, HS + SLACK + 2)
+        sock, code = socks_from_client_ip(client, closed_port())        # refused
+        assert code == 0x05
+        sock.close()
+        end_application_reset(client, server, dest)                     # reset mid-transfer
+        for node, count in ((server, 4), (client, 5)):
+            for _ in range(count):
+                node.log.wait_for(r"conn \d+ \(.*: (?!accepted)")
+        lines = server.log.rest(0.3) + client.log.rest(0.3)
+    talk = [line for line in lines if "listening on" not in line]
+    assert any("[DEBUG]" in line for line in talk)
+    if safe:
+        leaked = [line for line in talk if IP_OR_PORT.search(line)]
+        assert not leaked, leaked
+    else:
+        assert any(CLIENT_IP in line for line in talk), talk
+
+
+# === Clean shutdown ============================================================================
+
+def refused(address):
+    try:
+        socket.create_connection(address, timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+@needs_signals
+def test_sigterm_exits_promptly_and_the_port_is_free_at_once(dest):
+    server = start("server", "--dest=" + fmt(dest.address))
+    client = start("client")
+    with client:
+        port = server.address[1]
+        live = open_tunnel(client, server, "echo")
+        live.sendall(b"x")
+        recv_exact(live, 1)
+        began = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(5)
+        assert time.monotonic() - began < 2
+        assert server.process.returncode == 0
+        server.stop()
+        wait_closed(live, 5)
+        live.close()
+        with Proxy("server", "127.0.0.1:%d" % port, "--dest=" + fmt(dest.address)) as rebound:
+            assert rebound.address[1] == port
+            with open_tunnel(client, rebound, "echo") as sock:
+                sock.sendall(b"rebound")
+                sock.shutdown(socket.SHUT_WR)
+                assert recv_all(sock) == b"rebound"
+
+
+@needs_signals
+def test_first_sigint_drains_live_tunnels_second_exits(dest):
+    server = start("server", "--dest=" + fmt(dest.address))
+    client = start("client")
+    with server, client:
+        first = open_tunnel(client, server, "echo")
+        second = open_tunnel(client, server, "echo")
+        for sock in (first, second):
+            sock.sendall(b"1")
+            recv_exact(sock, 1)
+        server.process.send_signal(signal.SIGINT)
+        server.log.wait_for(r"stopped accepting; waiting for 2 live")
+        assert refused(server.address), "still accepting after SIGINT"
+        # The live tunnels go on; the first one finishes...
+        first.sendall(b"first goes on")
+        first.shutdown(socket.SHUT_WR)
+        assert recv_all(first) == b"first goes on"
+        first.close()
+        server.log.wait_for(r"closed after")
+        # ...and the second keeps working after that.
+        assert server.process.poll() is None, "exited with a tunnel still live"
+        payload = os.urandom(200000)
+        second.sendall(payload)
+        assert recv_exact(second, len(payload)) == payload
+        second.shutdown(socket.SHUT_WR)
+        assert recv_all(second) == b""
+        second.close()
+        # The last tunnel gone, it exits by itself.
+        server.process.wait(5)
+        assert server.process.returncode == 0
+        # A second SIGINT ends it even with a live tunnel.
+        other = start("server", "--dest=" + fmt(dest.address))
+        with other:
+            live = open_tunnel(client, other, "echo")
+            live.sendall(b"2")
+            recv_exact(live, 1)
+            other.process.send_signal(signal.SIGINT)
+            other.log.wait_for(r"stopped accepting; waiting for 1 live")
+            began = time.monotonic()
+            other.process.send_signal(signal.SIGINT)
+            other.process.wait(5)
+            assert time.monotonic() - began < 2
+            wait_closed(live, 5)
+            live.close()
+    assert_no_traceback(server, client, other)
