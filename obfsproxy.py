@@ -3,7 +3,7 @@
 
 Usage:
   obfsproxy.py client [options] [--dest=HOST:PORT] [<listen>]
-  obfsproxy.py server [options] --dest=HOST:PORT <listen>
+  obfsproxy.py server [options] [--dest=HOST:PORT] <listen>
   obfsproxy.py demo [options]
   obfsproxy.py managed [options]
   obfsproxy.py --managed [options]
@@ -47,6 +47,9 @@ Options:
   --record-dir=DIR              Save each connection's raw wire bytes (both
                                 directions) in DIR. This stores traffic: for
                                 teaching and debugging only.
+  --full                        unmask: print the whole decrypted streams, not
+                                only their first 512 bytes.
+  --output-dir=DIR              unmask: also write the decrypted streams to DIR.
   --log-file=PATH               Write the log to PATH instead of stderr.
   --log-min-severity=LEVEL      error, warning, notice, info or debug
                                 [default: notice]
@@ -76,6 +79,7 @@ until both directions are finished, and the thread closes both sockets.
 
 import errno
 import logging
+import re
 import selectors
 import socket
 import sys
@@ -137,6 +141,12 @@ class Dummy:
     def send(self, data):
         return data
 
+    def send_in_place(self, buffer):
+        pass
+
+    def receive_in_place(self, buffer):
+        pass
+
 
 TRANSPORTS = {"obfs2": obfs2.Obfs2, "dummy": Dummy}
 
@@ -167,9 +177,14 @@ class Settings:
             raise ValueError("unknown per-connection argument(s): %s" % ", ".join(sorted(unknown)))
         secret = args.get("shared-secret", self.shared_secret)
         if self.transport == "dummy":
-            return Dummy(initiator)
-        return obfs2.Obfs2(initiator, shared_secret=secret,
-                           hash_iterations=self.hash_iterations)
+            transport = Dummy(initiator)
+        else:
+            transport = obfs2.Obfs2(initiator, shared_secret=secret,
+                                    hash_iterations=self.hash_iterations)
+        if self.record_dir is not None:
+            import capture
+            transport = capture.record_to_dir(transport, self.record_dir)
+        return transport
 
     def show(self, address):
         """An address for the log: scrubbed unless --no-safe-logging."""
@@ -260,15 +275,41 @@ def send_all(sock, data, deadline):
 
 
 def open_connection(address, deadline, proxy=None):
-    """A TCP connection to (host, port) with TCP_NODELAY, within the deadline;
-    through the outgoing ``proxy`` URI when one is given (never around it)."""
+    """A TCP connection to (host, port) with TCP_NODELAY and keepalive, within
+    the deadline; through the outgoing ``proxy`` URI when one is given (never
+    around it)."""
     if proxy is not None:
         import managed
         sock = managed.connect_via_proxy(proxy, address, deadline)
     else:
         sock = socket.create_connection(address, timeout=deadline.remaining())
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        tune(sock)
+    except OSError:   # e.g. reset already: do not leak the descriptor
+        sock.close()
+        raise
     return sock
+
+
+# A peer that vanishes (power cut, a NAT dropping its state) sends neither FIN
+# nor RST; an idle tunnel to it would hold a thread and two descriptors
+# forever. TCP keepalive notices: after KEEPIDLE seconds of silence, KEEPCNT
+# unanswered probes KEEPINTVL seconds apart close the socket (about 4 minutes).
+KEEPIDLE, KEEPINTVL, KEEPCNT = 120, 30, 4
+
+
+def tune(sock):
+    """TCP_NODELAY and keepalive on a tunnel socket (the timings where the OS
+    lets us set them; its defaults elsewhere)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPIDLE), ("TCP_KEEPINTVL", KEEPINTVL),
+                        ("TCP_KEEPCNT", KEEPCNT)):
+        if hasattr(socket, name):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+            except OSError:
+                pass
 
 
 def socks_code(exc):
@@ -293,12 +334,62 @@ def transport_handshake(sock, transport, deadline):
 
     Returns the plaintext that arrived glued to the end of the peer's
     handshake. Both sides send first: neither waits for the other.
+
+    In shared-secret mode the transport's calls are slow (``key_work``).
     """
-    send_all(sock, transport.start(), deadline)
+    costly = derives_secret_keys(transport)
+    with key_work(costly, deadline):
+        ours = transport.start()
+    send_all(sock, ours, deadline)
     plaintext = b""
     while not transport.is_open:
-        plaintext += transport.receive(recv_some(sock, deadline))
+        data = recv_some(sock, deadline)
+        with key_work(costly, deadline):
+            plaintext += transport.receive(data)
     return plaintext
+
+
+# Shared-secret keys cost 100000 SHA-256 per MAC, four MACs per connection,
+# paid before the peer can be checked: anyone who connects can make us do it.
+# Each hash holds the GIL, so N connections deriving at once would slow every
+# other thread (live tunnels, the accept loop) N-fold. One derivation at a time
+# (two threads cannot run Python in parallel anyway) keeps live tunnels
+# flowing; the others queue, each within its own handshake deadline. And while
+# one derives, a relay thread waking up waits for the GIL up to the switch
+# interval (5 ms by default) at every step: 1 ms keeps a tunnel's round trip
+# at a few milliseconds (measured: mean 12 ms at 5 ms, 3 ms at 1 ms).
+_KEY_WORK = threading.BoundedSemaphore(1)
+KEY_WORK_SWITCH_INTERVAL = 0.001
+
+
+def derives_secret_keys(transport):
+    """True when the handshake derives shared-secret keys; looks through
+    wrappers that keep the real transport in ``inner`` (--record-dir)."""
+    while transport is not None:
+        if getattr(transport, "secret_hash", None) is not None:
+            return True
+        transport = getattr(transport, "inner", None)
+    return False
+
+
+class key_work:
+    """``with key_work(costly, deadline):`` holds the key-derivation slot
+    when ``costly``; raises socket.timeout if the deadline passes first."""
+
+    def __init__(self, costly, deadline):
+        self.costly, self.deadline = costly, deadline
+
+    def __enter__(self):
+        if not self.costly:
+            return
+        if sys.getswitchinterval() > KEY_WORK_SWITCH_INTERVAL:  # once per process
+            sys.setswitchinterval(KEY_WORK_SWITCH_INTERVAL)
+        if not _KEY_WORK.acquire(timeout=self.deadline.remaining()):
+            raise socket.timeout("handshake deadline passed while waiting to derive keys")
+
+    def __exit__(self, *exc):
+        if self.costly:
+            _KEY_WORK.release()
 
 
 def handle_socks_client(conn, settings, tunnel):
@@ -369,49 +460,87 @@ def handle_server(conn, settings, tunnel):
 # --- The relay -----------------------------------------------------------------
 
 _Selector = getattr(selectors, "PollSelector", selectors.DefaultSelector)
+BURST = 8            # chunks one direction moves in a row before the other gets a turn
+SPARE_BUFFERS = 16   # chunk buffers kept for reuse (4 MiB), shared by all tunnels
+_spare_buffers = []  # list.pop() and list.append() are atomic: no lock needed
+
+
+def _lend_buffer():
+    try:
+        return _spare_buffers.pop()
+    except IndexError:
+        return bytearray(CHUNK)
+
+
+def _return_buffer(buffer):
+    if len(_spare_buffers) < SPARE_BUFFERS:
+        _spare_buffers.append(buffer)
+
+
+_NOTHING = memoryview(b"")
 
 
 class _Direction:
     """One direction of a tunnel: read ``src``, transform, write ``dst``.
 
-    Holds at most one transformed chunk (``pending``); ``src`` is read only
-    when it is empty, which is the backpressure. After EOF on ``src`` and once
-    ``pending`` drains, EOF travels on as shutdown(SHUT_WR) on ``dst``.
+    Holds at most one chunk (``pending``, the unwritten rest of it); ``src`` is
+    read only when it is empty, which is the backpressure. A chunk is read
+    into a lent buffer and transformed where it lies; the buffer goes back as
+    soon as the chunk is written, so an idle tunnel holds none. After EOF on
+    ``src`` and once ``pending`` drains, EOF travels on as shutdown(SHUT_WR).
     """
 
-    __slots__ = ("src", "dst", "transform", "pending", "eof", "done", "count")
+    __slots__ = ("src", "dst", "transform", "pending", "buffer", "eof", "done", "count")
 
     def __init__(self, src, dst, transform, pending):
         self.src, self.dst, self.transform = src, dst, transform
         self.pending = memoryview(pending)
+        self.buffer = None
         self.eof = self.done = False
         self.count = 0
 
-    def read(self):
-        try:
-            data = self.src.recv(CHUNK)
-        except BlockingIOError:
-            return
-        if data:
-            self.count += len(data)
-            self.pending = memoryview(self.transform(data))
-        else:
-            self.eof = True
+    def pump(self):
+        """Write what is pending, then read, transform and write more chunks
+        until ``src`` has nothing, ``dst`` is full, or BURST chunks went."""
+        for _ in range(BURST):
+            if not self.write() or self.eof:
+                return
+            buffer = _lend_buffer()
+            try:
+                size = self.src.recv_into(buffer)
+            except BlockingIOError:
+                _return_buffer(buffer)
+                return
+            if not size:
+                _return_buffer(buffer)
+                self.eof = True
+                self.write()
+                return
+            chunk = memoryview(buffer)[:size]
+            self.transform(chunk)
+            self.count += size
+            self.pending, self.buffer = chunk, buffer
         self.write()
 
     def write(self):
-        if self.pending:
+        """Write what is pending; True when all of it went."""
+        while self.pending:
             try:
                 sent = self.dst.send(self.pending)
             except BlockingIOError:
-                return
+                return False
             self.pending = self.pending[sent:]
-        if self.eof and not self.pending and not self.done:
+        if self.buffer is not None:
+            self.pending = _NOTHING
+            _return_buffer(self.buffer)
+            self.buffer = None
+        if self.eof and not self.done:
             self.done = True
             try:
                 self.dst.shutdown(socket.SHUT_WR)
             except OSError:  # the other end is already gone; the other direction will see it
                 pass
+        return True
 
 
 def relay(upstream, downstream, transport, tunnel, to_upstream=b"", to_downstream=b""):
@@ -423,19 +552,18 @@ def relay(upstream, downstream, transport, tunnel, to_upstream=b"", to_downstrea
     open (pipelined after a SOCKS request), still to be sent through the
     transport.
 
-    Raises OSError when either socket fails; the caller closes both.
+    Each socket is watched only for what its directions wait for: readable
+    while its outgoing direction has room, writable while something is
+    pending for it. Raises OSError when either socket fails; the caller
+    closes both.
     """
     if to_downstream:
         to_downstream = transport.send(to_downstream)
-    up = _Direction(upstream, downstream, transport.send, to_downstream)
-    down = _Direction(downstream, upstream, transport.receive, to_upstream)
+    up = _Direction(upstream, downstream, transport.send_in_place, to_downstream)
+    down = _Direction(downstream, upstream, transport.receive_in_place, to_upstream)
     tunnel.directions = (up, down)
-    for sock in (upstream, downstream):
-        sock.setblocking(False)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
+    upstream.setblocking(False)
+    downstream.setblocking(False)
     selector = _Selector()
     registered = {upstream: 0, downstream: 0}
     try:
@@ -459,13 +587,16 @@ def relay(upstream, downstream, transport, tunnel, to_upstream=b"", to_downstrea
                     registered[sock] = events
             for key, events in selector.select():
                 for direction in (up, down):
-                    if key.fileobj is direction.dst and events & selectors.EVENT_WRITE:
-                        direction.write()
-                    if key.fileobj is direction.src and events & selectors.EVENT_READ \
-                            and not direction.pending and not direction.eof:
-                        direction.read()
+                    if (key.fileobj is direction.dst and events & selectors.EVENT_WRITE) or \
+                            (key.fileobj is direction.src and events & selectors.EVENT_READ):
+                        direction.pump()
     finally:
         selector.close()
+        for direction in (up, down):
+            if direction.buffer is not None:
+                direction.pending = _NOTHING
+                _return_buffer(direction.buffer)
+                direction.buffer = None
 
 
 # --- Listeners and connection threads --------------------------------------------
@@ -500,6 +631,7 @@ class Proxy:
         self._stopping = None         # None, "graceful" or "now"
         self.ready = threading.Event()
         self.tick = None              # called about once a second from serve()
+        self._complaints = {}         # kind -> (when last logged, how many not logged since)
 
     def listen(self, address, handler, settings):
         sock = listen(address)
@@ -557,7 +689,7 @@ class Proxy:
             conn, peer = listener.accept()
         except OSError as exc:  # e.g. EMFILE: the process is out of descriptors
             if exc.errno in (errno.EMFILE, errno.ENFILE):
-                log.warning("accept failed: %s; slowing down", exc)
+                self._complain("accept", "accept failed: %s; slowing down" % exc)
                 time.sleep(0.1)
             return
         with self._lock:
@@ -569,9 +701,9 @@ class Proxy:
                 self.accepted += 1
                 number = self.accepted
         if full:
-            log.warning("refusing a connection: %d connections already open "
-                        "(--max-connections)", self.max_connections)
             conn.close()
+            self._complain("full", "refusing a connection: %d connections already open "
+                           "(--max-connections)" % self.max_connections)
             return
         tunnel = Tunnel(number, peer)
         try:
@@ -582,18 +714,38 @@ class Proxy:
             conn.close()
             self._finished()
 
+    COMPLAINT_INTERVAL = 10.0   # seconds between two warnings of one kind
+
+    def _complain(self, kind, message):
+        """A warning at most once per COMPLAINT_INTERVAL for each kind: a flood
+        of refused connections must not become a flood of log lines."""
+        now = time.monotonic()
+        last, quiet = self._complaints.get(kind, (None, 0))
+        if last is not None and now - last < self.COMPLAINT_INTERVAL:
+            self._complaints[kind] = (last, quiet + 1)
+            return
+        if quiet:
+            message += " (%d more like this not logged)" % quiet
+        log.warning("%s", message)
+        self._complaints[kind] = (now, 0)
+
     def _finished(self):
         with self._lock:
             self.live -= 1
         if self._stopping:
-            self.stop(graceful=self._stopping == "graceful")
+            # Only wake serve() to recount: stop() again would turn a graceful
+            # stop into "now" and cut the connections still draining.
+            try:
+                self._wake_w.send(b"x")
+            except OSError:
+                pass
 
     def _run(self, handler, conn, settings, tunnel):
         """The one place that catches a connection's errors and closes its socket."""
         name = "conn %d (%s)" % (tunnel.number, settings.show(tunnel.peer))
         log.debug("%s: accepted", name)
         try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tune(conn)
             handler(conn, settings, tunnel)
         except socks.SocksError as exc:
             log.info("%s: SOCKS: %s", name, exc)
@@ -607,8 +759,11 @@ class Proxy:
             log.info("%s: not obfs2: %s", name, exc)
         except PeerClosed as exc:
             log.info("%s: %s", name, exc)
-        except socket.timeout:
-            log.info("%s: handshake timed out after %.0f s", name, settings.handshake_timeout)
+        except socket.timeout as exc:
+            if tunnel.directions:  # in the relay: TCP gave up (keepalive, retransmissions)
+                log.info("%s: %s", name, exc.strerror or exc)
+            else:
+                log.info("%s: handshake timed out after %.0f s", name, settings.handshake_timeout)
         except OSError as exc:
             log.info("%s: %s", name, exc.strerror or exc)
         except Exception:  # a bug: keep serving everyone else
@@ -685,9 +840,35 @@ def install_signal_handlers(proxy):
         signal.signal(signal.SIGTERM, on_term)
 
 
+def raise_descriptor_limit(max_connections):
+    """Raise the soft RLIMIT_NOFILE as far as --max-connections needs (two
+    descriptors a connection): the common default of 1024 would fail
+    connections long before the cap. Warn when the hard limit forbids it."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: nothing to raise
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 2 * max_connections + 64
+    unlimited = resource.RLIM_INFINITY
+    if soft != unlimited and soft < need:
+        target = need if hard == unlimited else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != unlimited and soft < need:
+        log.warning("only %d file descriptors allowed (ulimit -n); --max-connections=%d "
+                    "needs about %d, so connections beyond ~%d will fail",
+                    soft, max_connections, need, (soft - 64) // 2)
+
+
 def run_external(args):
     settings, max_connections = settings_from_args(args)
     if args["server"]:
+        if settings.dest is None:
+            raise ValueError("server needs --dest=HOST:PORT: where to send the plain stream")
         handler, default_listen = handle_server, None
     elif settings.dest:
         handler, default_listen = handle_fixed_client, None
@@ -698,6 +879,7 @@ def run_external(args):
         raise ValueError("give the address to listen on, e.g. 127.0.0.1:2222")
     address = parse_address(listen_text, allow_port_zero=True)
     setup_logging(args["--log-file"], args["--log-min-severity"])
+    raise_descriptor_limit(max_connections)
     threading.stack_size(THREAD_STACK)
     proxy = Proxy(max_connections)
     try:
@@ -725,7 +907,16 @@ def main(argv=None):
     try:
         args = docopt(__doc__, argv=argv, version="obfsproxy.py " + __version__)
     except DocoptExit as exc:
-        print(str(exc).strip(), file=sys.stderr)
+        # docopt's message is a "found unmatched" warning and the whole usage:
+        # say what it did not understand, on one line.
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        detail = re.sub(r"^Warning: found unmatched \(duplicate\?\) arguments ", "", detail)
+        detail = re.sub(r"(?:Argument|Option)\(None, '([^']*)'[^)]*\)", r"\1", detail)
+        if detail.startswith("Usage"):
+            detail = ""
+        print("obfsproxy.py: bad command line%s. Run `obfsproxy.py --help` for the usage."
+              % (" (did not understand: %s)" % detail.strip("[]") if detail else ""),
+              file=sys.stderr)
         return 2
     try:
         if args["demo"]:
