@@ -334,8 +334,8 @@ def run(args, env, tor):
         return 1
     log.log(NOTICE, "obfsproxy.py %s in managed mode (pt-spec %s), state in %s",
             obfsproxy.__version__, version, state_dir)
+    obfsproxy.prepare_for_serving(base, max_connections)
 
-    threading.stack_size(obfsproxy.THREAD_STACK)
     proxy = obfsproxy.Proxy(max_connections)
     # Handlers first: Tor may signal as soon as it has read our last line.
     obfsproxy.install_signal_handlers(proxy)

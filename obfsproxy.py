@@ -902,6 +902,15 @@ def install_signal_handlers(proxy):
         signal.signal(signal.SIGTERM, on_term)
 
 
+def prepare_for_serving(settings, max_connections):
+    """What every long-running mode does once, before it listens."""
+    threading.stack_size(THREAD_STACK)
+    raise_descriptor_limit(max_connections)
+    if settings.record_dir is not None:  # create it, and warn now rather than at the first connection
+        import capture
+        capture.prepare_record_dir(settings.record_dir)
+
+
 def raise_descriptor_limit(max_connections):
     """Raise the soft RLIMIT_NOFILE as far as --max-connections needs (two
     descriptors a connection): the common default of 1024 would fail
@@ -941,8 +950,7 @@ def run_external(args):
         raise ValueError("give the address to listen on, e.g. 127.0.0.1:2222")
     address = parse_address(listen_text, allow_port_zero=True)
     setup_logging(args["--log-file"], args["--log-min-severity"])
-    raise_descriptor_limit(max_connections)
-    threading.stack_size(THREAD_STACK)
+    prepare_for_serving(settings, max_connections)
     proxy = Proxy(max_connections)
     try:
         bound = proxy.listen(address, handler, settings)
