@@ -322,6 +322,7 @@ def run(args, env, tor):
             obfsproxy.setup_logging(log_file, args["--log-min-severity"])
         except OSError as exc:
             raise EnvError("cannot open the log file %s: %s" % (log_file, exc.strerror or exc))
+        base.sources = outbound_sources(env)
         clients = client_config(env, base)
         servers = server_config(env)
         if clients is None and servers is None:
@@ -366,6 +367,28 @@ def run(args, env, tor):
     proxy.serve()
     log.log(NOTICE, "managed mode stopped")
     return 0
+
+
+def outbound_sources(env):
+    """TOR_PT_OUTBOUND_BIND_ADDRESS_V4 / _V6: the source address for outgoing
+    connections of each family ({socket.AF_INET: "192.0.2.7"}), or None.
+    obfsproxy.connect leaves loopback destinations alone, as Tor does."""
+    sources = {}
+    for name, family, version in (("TOR_PT_OUTBOUND_BIND_ADDRESS_V4", socket.AF_INET, 4),
+                                  ("TOR_PT_OUTBOUND_BIND_ADDRESS_V6", socket.AF_INET6, 6)):
+        text = env.get(name, "").strip()
+        if not text:
+            continue
+        if version == 6 and text.startswith("[") and text.endswith("]"):
+            text = text[1:-1]
+        try:
+            address = ipaddress.ip_address(text)
+        except ValueError:
+            address = None
+        if address is None or address.version != version:
+            raise EnvError("%s: %r is not an IPv%d address" % (name, text, version))
+        sources[family] = str(address)
+    return sources or None
 
 
 def client_config(env, base):
@@ -419,7 +442,7 @@ def transport_settings(base, name, **changes):
     settings = obfsproxy.Settings(
         transport=name, shared_secret=None, hash_iterations=base.hash_iterations,
         handshake_timeout=base.handshake_timeout, safe_logging=base.safe_logging,
-        record_dir=base.record_dir)
+        record_dir=base.record_dir, sources=base.sources)
     for key, value in changes.items():
         setattr(settings, key, value)
     return settings
@@ -529,7 +552,7 @@ def _recv_exact(sock, n, deadline, error=ProxyError):
     return data
 
 
-def connect_via_proxy(proxy_uri, address, deadline):
+def connect_via_proxy(proxy_uri, address, deadline, sources=None):
     """A socket connected to ``address`` (host, port) through the outgoing proxy.
 
     Never connects directly. Failures are OSErrors that the SOCKS handler maps
@@ -542,7 +565,7 @@ def connect_via_proxy(proxy_uri, address, deadline):
     except ProxyURIError as exc:
         raise ProxyError("bad outgoing proxy: %s" % exc)
     try:
-        sock = socket.create_connection((proxy.host, proxy.port), timeout=deadline.remaining())
+        sock = obfsproxy.connect((proxy.host, proxy.port), deadline.remaining(), sources)
     except socket.timeout:
         raise
     except OSError as exc:

@@ -160,7 +160,7 @@ class Settings:
     def __init__(self, transport="obfs2", shared_secret=None,
                  hash_iterations=obfs2.HASH_ITERATIONS, handshake_timeout=30.0,
                  dest=None, safe_logging=True, proxy=None, ext_cookie_file=None,
-                 record_dir=None):
+                 record_dir=None, sources=None):
         self.transport = transport
         self.shared_secret = shared_secret
         self.hash_iterations = hash_iterations
@@ -170,6 +170,7 @@ class Settings:
         self.proxy = proxy                # outgoing proxy URI (client), or None
         self.ext_cookie_file = ext_cookie_file  # dest is an Extended ORPort (server)
         self.record_dir = record_dir      # Path to save wire bytes in, or None
+        self.sources = sources            # outgoing source address per family, or None
 
     def new_transport(self, initiator, args=None):
         """A fresh transport for one connection. ``args`` are per-connection
@@ -277,15 +278,33 @@ def send_all(sock, data, deadline):
         sock.sendall(data)
 
 
-def open_connection(address, deadline, proxy=None):
+def connect(address, timeout, sources=None):
+    """socket.create_connection to (host, port), from the source address that
+    ``sources`` ({socket.AF_INET: "192.0.2.7", socket.AF_INET6: ...}, Tor's
+    TOR_PT_OUTBOUND_BIND_ADDRESS_V4/_V6) gives for the destination's family.
+    Like Tor's OutboundBindAddress, never for a loopback destination."""
+    if not sources:
+        return socket.create_connection(address, timeout=timeout)
+    error = OSError("%s resolved to no address" % (address[0],))
+    for family, _, _, _, sockaddr in socket.getaddrinfo(*address, 0, socket.SOCK_STREAM):
+        source = None if is_loopback(sockaddr[0]) else sources.get(family)
+        try:
+            return socket.create_connection(sockaddr[:2], timeout=timeout,
+                                            source_address=(source, 0) if source else None)
+        except OSError as exc:
+            error = exc
+    raise error
+
+
+def open_connection(address, deadline, proxy=None, sources=None):
     """A TCP connection to (host, port) with TCP_NODELAY and keepalive, within
     the deadline; through the outgoing ``proxy`` URI when one is given (never
-    around it)."""
+    around it); from the ``sources`` addresses (see ``connect``)."""
     if proxy is not None:
         import managed
-        sock = managed.connect_via_proxy(proxy, address, deadline)
+        sock = managed.connect_via_proxy(proxy, address, deadline, sources)
     else:
-        sock = socket.create_connection(address, timeout=deadline.remaining())
+        sock = connect(address, deadline.remaining(), sources)
     try:
         tune(sock)
     except OSError:   # e.g. reset already: do not leak the descriptor
@@ -409,7 +428,8 @@ def handle_socks_client(conn, settings, tunnel):
     except ValueError as exc:
         raise socks.SocksError(str(exc), negotiation.reply(socks.GENERAL_FAILURE))
     try:
-        server = open_connection((request.host, request.port), deadline, settings.proxy)
+        server = open_connection((request.host, request.port), deadline, settings.proxy,
+                                 settings.sources)
     except OSError as exc:
         raise socks.SocksError("cannot reach the server: %s" % exc,
                                negotiation.reply(socks_code(exc)))
@@ -432,7 +452,7 @@ def handle_fixed_client(conn, settings, tunnel):
     deadline = Deadline(settings.handshake_timeout)
     transport = settings.new_transport(initiator=True)
     tunnel.target = settings.dest
-    server = open_connection(settings.dest, deadline, settings.proxy)
+    server = open_connection(settings.dest, deadline, settings.proxy, settings.sources)
     try:
         to_application = transport_handshake(server, transport, deadline)
         relay(conn, server, transport, tunnel, to_upstream=to_application)
@@ -449,7 +469,7 @@ def handle_server(conn, settings, tunnel):
     deadline = Deadline(settings.handshake_timeout)
     transport = settings.new_transport(initiator=False)
     to_destination = transport_handshake(conn, transport, deadline)
-    dest = open_connection(settings.dest, deadline)
+    dest = open_connection(settings.dest, deadline, sources=settings.sources)
     try:
         if settings.ext_cookie_file:
             import managed
