@@ -6,8 +6,8 @@ is a pluggable-transport message. ``ExtORPort`` is Tor's Extended ORPort:
 SAFE_COOKIE authentication, then USERADDR / TRANSPORT / DONE, answered with
 OKAY or DENY, then an echo service standing in for the OR stream.
 
-Synchronisation is on real events only: lines on stdout, a refused connect,
-a process exit.
+Synchronisation is on real events only: lines on stdout, a refused connect
+(``support.assert_refused``), a process exit.
 """
 
 import hashlib
@@ -20,9 +20,8 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 
-from support import PROGRAM, ROOT, LineReader, echo, recv_exact
+from support import PROGRAM, ROOT, EchoServer, LineReader, echo, recv_exact
 
 import obfs2
 
@@ -189,22 +188,6 @@ class ManagedPT:
         self.finish()
 
 
-def assert_refused(address, timeout=10.0):
-    """Wait until nothing listens on ``address`` any more (a real event:
-    connect is refused); AssertionError after ``timeout``."""
-    end = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(address, timeout=2).close()
-        except ConnectionRefusedError:
-            return
-        except (ConnectionResetError, ConnectionAbortedError):
-            pass    # caught in the listen queue as the listener closed: try again
-        if time.monotonic() > end:
-            raise AssertionError("%r still accepts connections" % (address,))
-        time.sleep(0.02)  # polling a real condition, not a sleep standing in for one
-
-
 # --- obfs2 client for tests: we know our own address, so USERADDR can be checked ---
 
 class Obfs2Client:
@@ -229,6 +212,12 @@ class Obfs2Client:
 
     def send(self, data):
         self.sock.sendall(self.transport.send(data))
+
+    def echo(self, data):
+        """Send ``data`` and read back as many bytes: the round trip through
+        an echo service behind the server."""
+        self.send(data)
+        return self.recv_exact(len(data))
 
     def recv_exact(self, n):
         while len(self.buffer) < n:
@@ -271,7 +260,7 @@ def write_cookie(path, cookie=None):
     return cookie
 
 
-class ExtORPort:
+class ExtORPort(EchoServer):
     """Tor's Extended ORPort, server side (ext-orport-spec), then an echo.
 
     ``answer`` is "OKAY" or "DENY". Each connection appends a dict to
@@ -283,20 +272,7 @@ class ExtORPort:
         self.cookie, self.answer = cookie, answer
         self.sessions = []
         self.finished = threading.Semaphore(0)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener = socket.socket(family, socket.SOCK_STREAM)
-        self.listener.bind((host, 0))
-        self.listener.listen(16)
-        self.address = self.listener.getsockname()[:2]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        super().__init__(host, backlog=16)
 
     def _serve(self, conn):
         session = {"client_hash_ok": None, "useraddr": None, "transport": None,
@@ -351,15 +327,6 @@ class ExtORPort:
         """The next recorded session (after its connection ended)."""
         assert self.finished.acquire(timeout=timeout), "no Extended ORPort session ended"
         return self.sessions[-1]
-
-    def close(self):
-        self.listener.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _hmac(key, label, client_nonce, server_nonce):

@@ -89,8 +89,10 @@ class LineReader:
 class Proxy:
     """``obfsproxy.py <args>`` running, with its bound address read from its log."""
 
-    def __init__(self, *args, env=None):
-        self.args = [sys.executable, PROGRAM, *args]
+    def __init__(self, *args, env=None, interpreter=None):
+        """``interpreter``: the command that runs the program, before its path
+        (default: this Python)."""
+        self.args = [*(interpreter or [sys.executable]), PROGRAM, *args]
         self.process = subprocess.Popen(
             self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
@@ -137,17 +139,33 @@ def fmt(address):
     return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
 
 
-class EchoServer:
-    """A plain TCP echo service (or any per-connection behaviour) on loopback."""
+def listening_socket(host="127.0.0.1", backlog=128):
+    """A TCP socket listening on an ephemeral port of ``host`` (IPv4 or IPv6)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.bind((host, 0))
+    listener.listen(backlog)
+    return listener
 
-    def __init__(self, host="127.0.0.1", behaviour=None):
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener = socket.socket(family, socket.SOCK_STREAM)
-        self.listener.bind((host, 0))
-        self.listener.listen(128)
-        self.address = self.listener.getsockname()[:2]
+
+class EchoServer:
+    """A TCP service on loopback: an echo, or any per-connection behaviour.
+
+    Every accepted connection is counted in ``accepted`` and served on a
+    thread of its own by ``_serve``, which by default runs ``behaviour(conn)``
+    (``echo`` unless given), closes the connection and keeps what it raised in
+    ``errors``. The fake services of the tests (an Extended ORPort, upstream
+    proxies, the reliability tests' destination) subclass it and override
+    ``_serve``; a subclass sets its own attributes before calling
+    ``__init__``, which starts accepting.
+    """
+
+    def __init__(self, host="127.0.0.1", behaviour=None, backlog=128):
         self.behaviour = behaviour or echo
         self.errors = []
+        self.accepted = 0
+        self.listener = listening_socket(host, backlog)
+        self.address = self.listener.getsockname()[:2]
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -156,6 +174,7 @@ class EchoServer:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
+            self.accepted += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn):
@@ -176,11 +195,60 @@ class EchoServer:
 
 
 def echo(conn):
+    """Echo until the peer's EOF."""
     while True:
         data = conn.recv(262144)
         if not data:
             return
         conn.sendall(data)
+
+
+def hang_up(conn):
+    """A behaviour that closes every connection at once, having read nothing."""
+
+
+def closed_port():
+    """A loopback address with nothing listening (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()
+
+
+def assert_refused(address, timeout=10.0):
+    """Wait until nothing listens on ``address`` any more (a real event:
+    connect is refused); AssertionError after ``timeout``."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(address, timeout=2).close()
+        except ConnectionRefusedError:
+            return
+        except (ConnectionResetError, ConnectionAbortedError):
+            pass    # caught in the listen queue as the listener closed: try again
+        if time.monotonic() > end:
+            raise AssertionError("%r still accepts connections" % (address,))
+        time.sleep(0.02)  # polling a real condition, not a sleep standing in for one
+
+
+def has_ipv6_loopback():
+    """True when this machine can bind ::1."""
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def echo_round_trip(sock, payload):
+    """Send ``payload`` on a thread while reading the echo; returns what came back."""
+    sender = threading.Thread(target=sock.sendall, args=(payload,), daemon=True)
+    sender.start()
+    got = recv_exact(sock, len(payload))
+    sender.join(10)
+    return got
 
 
 def recv_exact(sock, n):

@@ -33,6 +33,7 @@ from support import (
     Proxy,
     SocksReplyError,
     fmt,
+    has_ipv6_loopback,
     recv_all,
     recv_exact,
     socks5_connect,
@@ -197,18 +198,7 @@ def test_destination_that_speaks_first(transport, procs):
             assert recv_all(sock) == b"hello"
 
 
-def have_ipv6_loopback():
-    if not socket.has_ipv6:
-        return False
-    try:
-        with socket.socket(socket.AF_INET6) as sock:
-            sock.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not have_ipv6_loopback(), reason="no IPv6 loopback (::1) here")
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback (::1) here")
 @pytest.mark.parametrize("transport", ["dummy", "obfs2"])
 def test_ipv6_end_to_end(transport, procs):
     data = os.urandom(1 * MiB)

@@ -15,6 +15,7 @@ import random
 import pytest
 from peers import Background, Destination, Obfs4proxy, digest, duplex, read_hashing
 from support import Proxy, fmt, recv_exact, require_obfs4proxy, socks5_connect
+from support import echo as echo_to_eof
 
 pytestmark = pytest.mark.interop
 
@@ -34,11 +35,7 @@ def echo():
     def echo_until_closed(conn, report):
         # Echo until the peer closes; obfs4proxy may reset instead of FIN.
         try:
-            while True:
-                data = conn.recv(262144)
-                if not data:
-                    return
-                conn.sendall(data)
+            echo_to_eof(conn)
         except ConnectionResetError:
             pass
     with Destination(echo_until_closed) as dest:

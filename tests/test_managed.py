@@ -5,6 +5,7 @@ Every subprocess test goes through ``ManagedPT``, which fails the test if any
 stdout line is not a pluggable-transport message.
 """
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -12,16 +13,19 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 
 import pytest
-from fake_tor import ExtORPort, ManagedPT, Obfs2Client, assert_refused, tor_env, write_cookie
+from fake_tor import ExtORPort, ManagedPT, Obfs2Client, tor_env, write_cookie
 from support import (
     PROGRAM,
     ROOT,
     EchoServer,
     Proxy,
     SocksReplyError,
+    assert_refused,
+    echo_round_trip,
+    has_ipv6_loopback,
+    listening_socket,
     recv_exact,
     require_obfs4proxy,
     socks5_connect,
@@ -49,26 +53,16 @@ def server_env(tmp_path, orport, transports="obfs2", bindaddr="obfs2-127.0.0.1:0
     return tor_env(tmp_path / "server-state", **settings)
 
 
-def echo_round_trip(sock, payload):
-    """Send ``payload`` on a thread while reading the echo; returns what came back."""
-    sender = threading.Thread(target=sock.sendall, args=(payload,), daemon=True)
-    sender.start()
-    got = recv_exact(sock, len(payload))
-    sender.join(10)
-    return got
+@contextlib.contextmanager
+def managed_echo_server(tmp_path, **variables):
+    """``obfsproxy.py managed`` as an obfs2 server (``server_env``) in front
+    of an echo service; yields the ManagedPT."""
+    with EchoServer() as echo, ManagedPT(server_env(tmp_path, echo.address, **variables)) as pt:
+        yield pt
 
 
 def same(a, b):
     return hashlib.sha256(a).digest() == hashlib.sha256(b).digest()
-
-
-def has_ipv6():
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
 # --- Parsers (no I/O) ------------------------------------------------------------------
@@ -274,27 +268,18 @@ def test_star_client_and_server_in_one_process(tmp_path):
                     assert same(echo_round_trip(sock, payload), payload)
 
 
-@pytest.mark.skipif(not has_ipv6(), reason="no IPv6 loopback")
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback")
 def test_ipv6_bind_address(tmp_path):
-    with EchoServer() as echo:
-        with ManagedPT(server_env(tmp_path, echo.address, bindaddr="obfs2-[::1]:0")) as pt:
-            assert pt.field("SMETHOD", "address").startswith("[::1]:")
-            with Obfs2Client(pt.smethods["obfs2"]) as client:
-                client.send(b"over IPv6")
-                assert client.recv_exact(9) == b"over IPv6"
-
-
-def _busy_port():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1)
-    return sock
+    with managed_echo_server(tmp_path, bindaddr="obfs2-[::1]:0") as pt:
+        assert pt.field("SMETHOD", "address").startswith("[::1]:")
+        with Obfs2Client(pt.smethods["obfs2"]) as client:
+            assert client.echo(b"over IPv6") == b"over IPv6"
 
 
 @pytest.mark.parametrize("case", ["port in use", "no bind address", "unknown option",
                                   "secret with a space"])
 def test_smethod_error_leaves_the_other_transport_running(tmp_path, case):
-    busy = _busy_port()
+    busy = listening_socket(backlog=1)
     bind = {"obfs2": "127.0.0.1:0", "dummy": "127.0.0.1:0"}
     options = ""
     if case == "port in use":
@@ -403,8 +388,7 @@ def test_extended_orport_reports_the_real_client(tmp_path):
     with ExtORPort(cookie) as ext:
         with ManagedPT(ext_server_env(tmp_path, ext, cookie_file)) as pt:
             with Obfs2Client(pt.smethods["obfs2"]) as client:
-                client.send(payload)
-                assert same(client.recv_exact(len(payload)), payload)
+                assert same(client.echo(payload), payload)
                 here = client.local_address
             session = ext.wait_session()
     assert session["client_hash_ok"] is True
@@ -422,8 +406,7 @@ def test_extended_orport_cookie_is_read_per_connection(tmp_path):
         with ManagedPT(ext_server_env(tmp_path, ext, cookie_file)) as pt:
             write_cookie(cookie_file, new_cookie)
             with Obfs2Client(pt.smethods["obfs2"]) as client:
-                client.send(b"fresh cookie")
-                assert client.recv_exact(12) == b"fresh cookie"
+                assert client.echo(b"fresh cookie") == b"fresh cookie"
             assert ext.wait_session()["client_hash_ok"] is True
 
 
@@ -436,8 +419,7 @@ def test_extended_orport_by_hand(tmp_path):
                        "--ext-cookie-file=%s" % cookie_file, "127.0.0.1:0")
         with server:
             with Obfs2Client(server.address) as client:
-                client.send(b"by hand")
-                assert client.recv_exact(7) == b"by hand"
+                assert client.echo(b"by hand") == b"by hand"
                 here = client.local_address
             session = ext.wait_session()
     assert session["client_hash_ok"] is True
@@ -480,8 +462,7 @@ def test_state_directory_is_created_and_holds_the_log(tmp_path, safe):
         args = ["--log-min-severity=debug"] + ([] if safe else ["--no-safe-logging"])
         with ManagedPT(env, *args) as pt:
             with Obfs2Client(pt.smethods["obfs2"]) as client:
-                client.send(b"x")
-                client.recv_exact(1)
+                client.echo(b"x")
                 here = "%s:%d" % client.local_address
             pt.close_stdin()
             assert pt.wait() == 0
@@ -520,36 +501,31 @@ def test_stdin_close_means_nothing_without_the_flag(tmp_path, flag):
 
 @POSIX_SIGNALS
 def test_sigterm_exits_promptly_with_a_live_connection(tmp_path):
-    with EchoServer() as echo:
-        with ManagedPT(server_env(tmp_path, echo.address)) as pt:
-            address = pt.smethods["obfs2"]
-            with Obfs2Client(address) as client:
-                client.send(b"live")
-                assert client.recv_exact(4) == b"live"
-                pt.signal(signal.SIGTERM)
-                assert pt.wait(5) == 0
-                assert client.recv_eof() == b""
-            assert_refused(address, timeout=0)
+    with managed_echo_server(tmp_path) as pt:
+        address = pt.smethods["obfs2"]
+        with Obfs2Client(address) as client:
+            assert client.echo(b"live") == b"live"
+            pt.signal(signal.SIGTERM)
+            assert pt.wait(5) == 0
+            assert client.recv_eof() == b""
+        assert_refused(address, timeout=0)
 
 
 @pytest.mark.parametrize("second_sigint", [False, True])
 @POSIX_SIGNALS
 def test_sigint_stops_accepting_and_lets_connections_finish(tmp_path, second_sigint):
-    with EchoServer() as echo:
-        with ManagedPT(server_env(tmp_path, echo.address)) as pt:
-            address = pt.smethods["obfs2"]
-            with Obfs2Client(address) as client:
-                client.send(b"before")
-                assert client.recv_exact(6) == b"before"
+    with managed_echo_server(tmp_path) as pt:
+        address = pt.smethods["obfs2"]
+        with Obfs2Client(address) as client:
+            assert client.echo(b"before") == b"before"
+            pt.signal(signal.SIGINT)
+            assert_refused(address)
+            assert client.echo(b"during") == b"during"
+            assert pt.process.poll() is None
+            if second_sigint:
                 pt.signal(signal.SIGINT)
-                assert_refused(address)
-                client.send(b"during")
-                assert client.recv_exact(6) == b"during"
-                assert pt.process.poll() is None
-                if second_sigint:
-                    pt.signal(signal.SIGINT)
-                    assert pt.wait(5) == 0
-            assert pt.wait(10) == 0
+                assert pt.wait(5) == 0
+        assert pt.wait(10) == 0
 
 
 @POSIX_SIGNALS

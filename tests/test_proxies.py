@@ -14,13 +14,22 @@ import threading
 
 import pytest
 from fake_tor import ManagedPT, tor_env
-from support import EchoServer, Proxy, SocksReplyError, recv_exact, socks5_connect
+from support import (
+    EchoServer,
+    Proxy,
+    SocksReplyError,
+    closed_port,
+    echo_round_trip,
+    hang_up,
+    recv_exact,
+    socks5_connect,
+)
 
 import managed
 import obfsproxy
 
 
-class FakeProxy:
+class FakeProxy(EchoServer):
     """An upstream proxy on 127.0.0.1 of ``kind`` socks5, socks4a or http.
 
     ``auth``: (user, password) the proxy demands (socks5, http). ``refuse``:
@@ -33,25 +42,13 @@ class FakeProxy:
     def __init__(self, kind, auth=None, refuse=False, glue=b"", silent=False):
         self.kind, self.auth, self.refuse, self.glue, self.silent = kind, auth, refuse, glue, silent
         self.requests = []
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(16)
-        self.address = self.listener.getsockname()[:2]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(backlog=16)
 
     def uri(self, user=None, password=None):
         credentials = ""
         if user is not None:
             credentials = user + (":" + password if password is not None else "") + "@"
         return "%s://%s127.0.0.1:%d" % (self.kind, credentials, self.address[1])
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn):
         with conn:
@@ -148,15 +145,6 @@ class FakeProxy:
         conn.sendall(b"HTTP/1.1 200 Connection established\r\nX-Fake: yes\r\n\r\n" + self.glue)
         return upstream
 
-    def close(self):
-        self.listener.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 def _read_until(conn, end):
     data = b""
@@ -183,28 +171,10 @@ def relay(a, b):
     other.join(30)
 
 
-class CountingListener:
-    """A destination that only counts connections: proof of no direct connect."""
-
-    def __init__(self):
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(16)
-        self.address = self.listener.getsockname()[:2]
-        self.accepted = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self):
-        self.listener.close()
+def counting_listener():
+    """A destination that closes every connection at once and counts them
+    (``accepted``): proof of no direct connect."""
+    return EchoServer(behaviour=hang_up)
 
 
 def deadline(seconds=10):
@@ -292,14 +262,11 @@ def test_bytes_glued_to_the_reply_belong_to_the_tunnel(kind):
                                          ("socks4a", managed.ProxyError),
                                          ("http", managed.ProxyError)])
 def test_refusing_proxy_is_an_oserror_and_no_direct_connection(kind, error):
-    destination = CountingListener()
-    try:
+    with counting_listener() as destination:
         with FakeProxy(kind, refuse=True) as proxy:
             with pytest.raises(error):
                 managed.connect_via_proxy(proxy.uri(), destination.address, deadline())
         assert destination.accepted == 0
-    finally:
-        destination.close()
 
 
 @pytest.mark.parametrize("kind", ["socks5", "http"])
@@ -310,17 +277,11 @@ def test_wrong_credentials(kind):
 
 
 def test_unreachable_proxy_is_never_bypassed():
-    destination = CountingListener()
-    dead = socket.socket()
-    dead.bind(("127.0.0.1", 0))
-    port = dead.getsockname()[1]
-    dead.close()   # nothing listens there now
-    try:
+    port = closed_port()[1]   # nothing listens there
+    with counting_listener() as destination:
         with pytest.raises(managed.ProxyError, match="cannot reach the socks5 proxy"):
             managed.connect_via_proxy("socks5://127.0.0.1:%d" % port, destination.address, deadline())
         assert destination.accepted == 0
-    finally:
-        destination.close()
 
 
 @pytest.mark.parametrize("kind", ["socks5", "socks4a", "http"])
@@ -341,10 +302,7 @@ def test_external_client_with_proxy_option(kind, auth):
         client = Proxy("client", "--proxy=" + _uri(upstream, auth), "127.0.0.1:0")
         with server, client:
             with socks5_connect(client.address, server.address) as sock:
-                sender = threading.Thread(target=sock.sendall, args=(payload,), daemon=True)
-                sender.start()
-                assert recv_exact(sock, len(payload)) == payload
-                sender.join(10)
+                assert echo_round_trip(sock, payload) == payload
         assert [r["target"] for r in upstream.requests] == [server.address]
 
 
@@ -378,13 +336,9 @@ def test_managed_client_honours_the_proxy_option(tmp_path):
 @pytest.mark.parametrize("kind, code", [("socks5", 0x05), ("socks4a", 0x01), ("http", 0x01), (None, 0x01)])
 def test_managed_client_proxy_failure_is_a_socks_error(tmp_path, kind, code):
     """A refusing (or absent) proxy: a SOCKS error reply, never a direct connection."""
-    destination = CountingListener()
-    try:
+    with counting_listener() as destination:
         if kind is None:
-            dead = socket.socket()
-            dead.bind(("127.0.0.1", 0))
-            uri = "socks5://127.0.0.1:%d" % dead.getsockname()[1]
-            dead.close()
+            uri = "socks5://127.0.0.1:%d" % closed_port()[1]
             upstream = None
         else:
             upstream = FakeProxy(kind, refuse=True)
@@ -399,8 +353,6 @@ def test_managed_client_proxy_failure_is_a_socks_error(tmp_path, kind, code):
         if upstream:
             assert upstream.requests[0]["target"] == destination.address
             upstream.close()
-    finally:
-        destination.close()
 
 
 @pytest.mark.parametrize("uri", ["ftp://127.0.0.1:21", "socks5://127.0.0.1", "socks4a://u:p@127.0.0.1:1080",

@@ -42,7 +42,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support import PROGRAM, ROOT, Proxy, SocksReplyError, fmt, recv_all, recv_exact, socks5_connect
+from support import (
+    PROGRAM,
+    ROOT,
+    EchoServer,
+    Proxy,
+    SocksReplyError,
+    assert_refused,
+    closed_port,
+    echo,
+    fmt,
+    recv_all,
+    recv_exact,
+    socks5_connect,
+)
 
 import obfs2
 import obfsproxy
@@ -77,20 +90,22 @@ def fd_count(pid):
     return len(os.listdir("/proc/%d/fd" % pid))
 
 
-def thread_count(pid):
-    with open("/proc/%d/status" % pid) as f:
+def proc_number(pid, name, label, column=1):
+    """The number in ``column`` of the line of /proc/PID/<name> that starts
+    with ``label`` (/proc/PID/status, /proc/PID/limits)."""
+    with open("/proc/%d/%s" % (pid, name)) as f:
         for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise AssertionError("no Threads: line")
+            if line.startswith(label):
+                return int(line.split()[column])
+    raise AssertionError("no %r line in /proc/%d/%s" % (label, pid, name))
+
+
+def thread_count(pid):
+    return proc_number(pid, "status", "Threads:")
 
 
 def rss_bytes(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS: line")
+    return proc_number(pid, "status", "VmRSS:") * 1024
 
 
 def cpu_seconds(pid):
@@ -204,13 +219,6 @@ def assert_no_traceback(*nodes):
         assert not bad, "unexpected error lines: %r" % bad
 
 
-def closed_port():
-    """A loopback port with nothing listening (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()
-
-
 def reset(sock):
     """Close with SO_LINGER 0: the kernel sends RST instead of FIN."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -234,29 +242,16 @@ def wait_closed(sock, timeout):
 
 # --- The destination: what each connection does is chosen by its first 8 bytes ------
 
-class Dest:
+class Dest(EchoServer):
     """A service on 127.0.0.1 behind the tunnel. The application names the
-    behaviour in the first 8 bytes it sends (see ``_serve``); ``events`` gets
-    (mode, how it ended) for every connection."""
+    behaviour in the first 8 bytes it sends (see ``_behave``); ``events`` gets
+    (mode, how it ended) for every connection, once it is closed; ``accepted``
+    counts connections."""
 
     def __init__(self, backlog=1024):
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(backlog)
-        self.address = self.listener.getsockname()
-        self.accepted = 0
         self.events = queue.Queue()
         self.release = threading.Event()      # lets "hold" connections go
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        super().__init__(backlog=backlog)
 
     def _serve(self, conn):
         mode, how = b"?", "ok"
@@ -275,11 +270,8 @@ class Dest:
 
     def _behave(self, conn, mode):
         if mode == "echo":        # echo until EOF, then close
-            while True:
-                data = conn.recv(262144)
-                if not data:
-                    return "eof"
-                conn.sendall(data)
+            echo(conn)
+            return "eof"
         if mode == "digest":      # read to EOF, then answer SHA-256 and length (half-close)
             digest, count = hashlib.sha256(), 0
             while True:
@@ -312,13 +304,7 @@ class Dest:
 
     def close(self):
         self.release.set()
-        self.listener.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().close()
 
 
 def pattern(count):
@@ -439,6 +425,16 @@ def socks_marker(client):
 TIMED_OUT = "handshake timed out"
 NOT_OBFS2 = "not obfs2"
 
+
+def assert_on_time(took, timed_out, what="closed"):
+    """A handshake that timed out ended at its deadline (HS), not before and at
+    most SLACK late; any other failure ended at once."""
+    if timed_out:
+        assert HS - 0.1 <= took <= HS + SLACK, "%s after %.2f s; deadline %.1f s" % (what, took, HS)
+    else:
+        assert took < 1.0, "a bad handshake should be refused at once, %s after %.2f s" % (what, took)
+
+
 SERVER_PORT_CASES = {
     # name: (bytes sent at once, bytes trickled afterwards, expected log line)
     "silent": (b"", b"", TIMED_OUT),
@@ -467,10 +463,7 @@ def test_server_port_closes_bad_handshakes_within_the_deadline(pair, dest, case)
         elif slowly:
             trickle(sock, slowly)
         took = wait_closed(sock, HS + SLACK + 2)
-    if expected == TIMED_OUT:
-        assert HS - 0.1 <= took <= HS + SLACK, "closed after %.2f s; deadline %.1f s" % (took, HS)
-    else:
-        assert took < 1.0, "garbage should be refused at once, took %.2f s" % took
+    assert_on_time(took, timed_out=expected == TIMED_OUT)
     line = one_line_for_the_connection(server, expected, server_marker(server))
     assert "[INFO]" in line
     assert dest.accepted == accepted_before, "the server touched --dest for a failed handshake"
@@ -503,10 +496,7 @@ def test_socks_port_closes_bad_handshakes_within_the_deadline(pair, case):
         if slowly:
             trickle(sock, slowly)
         took = wait_closed(sock, HS + SLACK + 2)
-    if expected == TIMED_OUT:
-        assert HS - 0.1 <= took <= HS + SLACK, "closed after %.2f s; deadline %.1f s" % (took, HS)
-    else:
-        assert took < 1.0, "garbage should be refused at once, took %.2f s" % took
+    assert_on_time(took, timed_out=expected == TIMED_OUT)
     one_line_for_the_connection(client, re.escape(expected), socks_marker(client))
 
 
@@ -542,7 +532,6 @@ BAD_SERVER_CASES = {
 def test_client_closes_bad_server_handshakes_within_the_deadline(pair, case):
     """The client's other handshake, towards the obfs2 server, is bounded too,
     and its failure reaches the application as a SOCKS error."""
-    from support import EchoServer
     _, client = pair
     drain(client)
     behaviour, code, expected = BAD_SERVER_CASES[case]
@@ -552,10 +541,7 @@ def test_client_closes_bad_server_handshakes_within_the_deadline(pair, case):
             socks5_connect(client.address, fake.address, timeout=HS + SLACK + 2)
         took = time.monotonic() - began
     assert failure.value.code == code
-    if code == 0x06:
-        assert HS - 0.1 <= took <= HS + SLACK, "answered after %.2f s; deadline %.1f s" % (took, HS)
-    else:
-        assert took < 1.0, took
+    assert_on_time(took, timed_out=code == 0x06, what="answered")
     one_line_for_the_connection(client, "SOCKS: obfs2 handshake with the server failed: .*(%s)"
                                 % expected, socks_marker(client))
 
@@ -763,17 +749,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-class LimitedProxy(Proxy):
+def limited_proxy(limit, *args):
     """``support.Proxy`` started under a hard descriptor limit."""
-
-    def __init__(self, limit, *args):
-        self.args = [sys.executable, "-c", LIMITED, str(limit), PROGRAM, *args]
-        self.process = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
-        from support import LISTENING, LineReader
-        self.log = LineReader(self.process.stderr)
-        match = self.log.wait_for(LISTENING.pattern)
-        self.address = (match.group(1).strip("[]"), int(match.group(2)))
+    return Proxy(*args, interpreter=[sys.executable, "-c", LIMITED, str(limit)])
 
 
 @needs_proc
@@ -782,7 +760,7 @@ def test_out_of_descriptors_fails_single_connections_and_recovers(dest):
     beyond what fits fail one by one (EMFILE on accept or on connect), the
     process carries on, and once tunnels close it serves again."""
     pytest.importorskip("resource")
-    server = LimitedProxy(40, "server", "127.0.0.1:0", "--dest=" + fmt(dest.address),
+    server = limited_proxy(40, "server", "127.0.0.1:0", "--dest=" + fmt(dest.address),
                           "--handshake-timeout=%s" % HS, "--log-min-severity=info")
     client = start("client", "--handshake-timeout=%s" % HS)
     with server, client:
@@ -1301,14 +1279,6 @@ def test_no_address_in_the_log_unless_asked(dest, safe):
 
 # === Clean shutdown ============================================================================
 
-def refused(address):
-    try:
-        socket.create_connection(address, timeout=2).close()
-    except ConnectionRefusedError:
-        return True
-    return False
-
-
 @needs_signals
 def test_sigterm_exits_promptly_and_the_port_is_free_at_once(dest):
     server = start("server", "--dest=" + fmt(dest.address))
@@ -1346,7 +1316,7 @@ def test_first_sigint_drains_live_tunnels_second_exits(dest):
             recv_exact(sock, 1)
         server.process.send_signal(signal.SIGINT)
         server.log.wait_for(r"stopped accepting; waiting for 2 live")
-        assert refused(server.address), "still accepting after SIGINT"
+        assert_refused(server.address, timeout=0)    # no longer accepting after SIGINT
         # The live tunnels go on; the first one finishes...
         first.sendall(b"first goes on")
         first.shutdown(socket.SHUT_WR)

@@ -23,17 +23,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from Crypto.Cipher import AES
-from support import fmt, recv_exact, socks5_connect
+from support import closed_port, fmt, listening_socket, recv_exact, socks5_connect
 from test_reliability import (
     Dest,
     Usage,
     assert_no_traceback,
-    closed_port,
     end_every_way,
     end_normally,
     fd_count,
     mode,
     needs_proc,
+    proc_number,
     rss_bytes,
     start,
     thread_count,
@@ -72,9 +72,7 @@ class SelectorEcho:
     """An echo service on one thread: a thousand connections, no thousand threads."""
 
     def __init__(self):
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(1024)
+        self.listener = listening_socket(backlog=1024)
         self.listener.setblocking(False)
         self.address = self.listener.getsockname()
         self._stop_r, self._stop_w = socket.socketpair()
@@ -142,11 +140,7 @@ class SelectorEcho:
 
 
 def open_files_limit(pid):
-    with open("/proc/%d/limits" % pid) as f:
-        for line in f:
-            if line.startswith("Max open files"):
-                return int(line.split()[3])
-    raise AssertionError("no 'Max open files' line")
+    return proc_number(pid, "limits", "Max open files", column=3)
 
 
 @pytest.fixture()
