@@ -248,7 +248,10 @@ def explain_obfs2(client, server, c_sent, s_sent, style, title):
     derive_seconds = time.perf_counter() - started
     init_pad, resp_pad, init_secret, resp_secret = (row[3] for row in rows)
 
-    title("1. The handshake: each side sends one message at once, without waiting for the other")
+    title("1. The handshake: each side sends one message at once, without waiting for the other"
+          if secret_hash is None else
+          "1. The handshake: the client sends at once; with a shared secret our server answers"
+          " once the client's message proved the secret")
     for name, obj, sent, pad, initiator in (
             ("client -> server: the initiator's message", client, c_sent, init_pad, True),
             ("server -> client: the responder's message", server, s_sent, resp_pad, False)):
