@@ -67,7 +67,9 @@ class Style:
     @classmethod
     def for_stream(cls, stream):
         isatty = getattr(stream, "isatty", None)
-        return cls(bool(isatty and isatty()) and not os.environ.get("NO_COLOR")
+        # The classic Windows console shows ANSI codes raw; Windows Terminal does not.
+        ansi = sys.platform != "win32" or "WT_SESSION" in os.environ
+        return cls(ansi and bool(isatty and isatty()) and not os.environ.get("NO_COLOR")
                    and os.environ.get("TERM") != "dumb")
 
     def __call__(self, kind, text):
@@ -521,7 +523,11 @@ _record_dirs = set()
 
 def _appender(path):
     def append(data):
-        with path.open("ab") as f:   # open per write: nothing to close, nothing lost at a crash
+        # Open per write: nothing to close, nothing lost at a crash. Owner-only:
+        # anyone who can read these can decrypt them (unmask).
+        fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                     | getattr(os, "O_BINARY", 0), 0o600)
+        with os.fdopen(fd, "ab") as f:
             f.write(data)
     return append
 
@@ -532,7 +538,7 @@ def prepare_record_dir(directory):
     directory = Path(directory)
     with _record_lock:
         if directory not in _record_dirs:
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             log.warning("--record-dir: saving the raw wire bytes of every connection in %s. "
                         "This stores traffic, which anyone can decrypt with `obfsproxy.py "
                         "unmask`: for teaching and debugging only.", directory)
@@ -798,7 +804,11 @@ def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out):
             say("    (--full prints everything; --output-dir=DIR writes it to files)")
         if output_dir:
             target = Path(output_dir) / ("connection-%d.%s.bin" % (number, direction))
-            target.write_bytes(plaintext)
+            Path(output_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(str(target), os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                         | getattr(os, "O_BINARY", 0), 0o600)
+            with os.fdopen(fd, "wb") as f:  # decrypted traffic: owner-only
+                f.write(plaintext)
             say("    written to %s" % target)
     say("work: %s" % work)
     return True

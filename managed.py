@@ -107,7 +107,7 @@ class Announcer:
                 self._write(line + "\n")
             except (OSError, ValueError) as exc:
                 log.warning("cannot write to Tor's stdout pipe: %s", exc)
-        log.debug("to Tor: %s", line)
+        log.debug("to Tor: %s", re.sub(r"(shared-secret=)[^,\s]+", r"\1[scrubbed]", line))
 
 
 def take_stdout():
@@ -729,6 +729,9 @@ def ext_orport_handshake(sock, cookie_file, client_address, transport_name, dead
         raise ExtORPortError("Extended ORPort refused our authentication")
     # 6. Who the client is and how it came; Tor answers OKAY or DENY.
     host, port = client_address[0].split("%")[0], client_address[1]
+    mapped = getattr(ipaddress.ip_address(host), "ipv4_mapped", None)
+    if mapped is not None:  # an IPv4 client of a dual-stack [::] listener:
+        host = str(mapped)  # Tor's GeoIP would not place ::ffff:1.2.3.4
     useraddr = obfsproxy.format_address((host, port)).encode()
     obfsproxy.send_all(sock, ext_command(EXT_USERADDR, useraddr)
                        + ext_command(EXT_TRANSPORT, transport_name.encode())

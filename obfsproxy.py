@@ -71,7 +71,8 @@ Data path. "Upstream" is the cleartext side, towards the application;
   application --SOCKS/plain--> client ===obfs2===> server --plain--> destination
               upstream          downstream   downstream         upstream
 
-Each accepted connection gets one thread (``Proxy._run``), which runs one
+Each accepted connection is served start to finish by one thread
+(``Proxy._run``; threads are reused for later connections), which runs one
 handler (``handle_socks_client``, ``handle_fixed_client``, ``handle_server``):
 a blocking handshake under one deadline, then ``relay`` pumps both sockets
 until both directions are finished, and the thread closes both sockets.
@@ -282,14 +283,16 @@ def connect(address, timeout, sources=None):
     """socket.create_connection to (host, port), from the source address that
     ``sources`` ({socket.AF_INET: "192.0.2.7", socket.AF_INET6: ...}, Tor's
     TOR_PT_OUTBOUND_BIND_ADDRESS_V4/_V6) gives for the destination's family.
-    Like Tor's OutboundBindAddress, never for a loopback destination."""
-    if not sources:
-        return socket.create_connection(address, timeout=timeout)
-    error = OSError("%s resolved to no address" % (address[0],))
-    for family, _, _, _, sockaddr in socket.getaddrinfo(*address, 0, socket.SOCK_STREAM):
-        source = None if is_loopback(sockaddr[0]) else sources.get(family)
+    Like Tor's OutboundBindAddress, never for a loopback destination.
+    Every address the name resolves to is tried within the one ``timeout``
+    (the name lookup itself is not bounded by it)."""
+    deadline = Deadline(timeout)
+    error = OSError("no address to connect to")
+    for family, _, _, _, sockaddr in socket.getaddrinfo(address[0], address[1], 0,
+                                                        socket.SOCK_STREAM):
+        source = None if not sources or is_loopback(sockaddr[0]) else sources.get(family)
         try:
-            return socket.create_connection(sockaddr[:2], timeout=timeout,
+            return socket.create_connection(sockaddr[:2], timeout=deadline.remaining(),
                                             source_address=(source, 0) if source else None)
         except OSError as exc:
             error = exc
@@ -318,6 +321,13 @@ def open_connection(address, deadline, proxy=None, sources=None):
 # forever. TCP keepalive notices: after KEEPIDLE seconds of silence, KEEPCNT
 # unanswered probes KEEPINTVL seconds apart close the socket (about 4 minutes).
 KEEPIDLE, KEEPINTVL, KEEPCNT = 120, 30, 4
+# macOS calls the idle time TCP_KEEPALIVE (0x10; Python exports it from 3.10).
+_KEEPALIVE_OPTIONS = (
+    (getattr(socket, "TCP_KEEPIDLE", None)
+     or (getattr(socket, "TCP_KEEPALIVE", 0x10) if sys.platform == "darwin" else None), KEEPIDLE),
+    (getattr(socket, "TCP_KEEPINTVL", None), KEEPINTVL),
+    (getattr(socket, "TCP_KEEPCNT", None), KEEPCNT),
+)
 
 
 def tune(sock):
@@ -325,11 +335,10 @@ def tune(sock):
     lets us set them; its defaults elsewhere)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", KEEPIDLE), ("TCP_KEEPINTVL", KEEPINTVL),
-                        ("TCP_KEEPCNT", KEEPCNT)):
-        if hasattr(socket, name):
+    for option, value in _KEEPALIVE_OPTIONS:
+        if option is not None:
             try:
-                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
             except OSError:
                 pass
 
@@ -357,17 +366,26 @@ def transport_handshake(sock, transport, deadline):
     Returns the plaintext that arrived glued to the end of the peer's
     handshake. Both sides send first: neither waits for the other.
 
-    In shared-secret mode the transport's calls are slow (``key_work``).
+    In shared-secret mode the transport's calls are slow (``key_work``), and
+    a responder answers only once the initiator's handshake has arrived and
+    checked out: a bare connect then costs it no key work. The initiator
+    never waits for us before sending, so this cannot deadlock.
     """
     costly = derives_secret_keys(transport)
-    with key_work(costly, deadline):
-        ours = transport.start()
-    send_all(sock, ours, deadline)
+    answer_later = costly and not transport.initiator
+    if not answer_later:
+        with key_work(costly, deadline):
+            ours = transport.start()
+        send_all(sock, ours, deadline)
     plaintext = b""
     while not transport.is_open:
         data = recv_some(sock, deadline)
         with key_work(costly, deadline):
             plaintext += transport.receive(data)
+    if answer_later:
+        with key_work(costly, deadline):
+            ours = transport.start()
+        send_all(sock, ours, deadline)
     return plaintext
 
 
@@ -475,7 +493,8 @@ def handle_server(conn, settings, tunnel):
             import managed
             managed.ext_orport_handshake(dest, settings.ext_cookie_file, tunnel.peer,
                                          transport.name, deadline)
-        relay(dest, conn, transport, tunnel, to_upstream=to_destination)
+        relay(upstream=dest, downstream=conn, transport=transport, tunnel=tunnel,
+              to_upstream=to_destination)
     finally:
         dest.close()
 
@@ -523,7 +542,7 @@ class _Direction:
         self.pending = memoryview(pending)
         self.buffer = None
         self.eof = self.done = False
-        self.count = 0
+        self.count = len(self.pending)  # bytes carried, for the log
 
     def pump(self):
         """Write what is pending, then read, transform and write more chunks
@@ -549,7 +568,8 @@ class _Direction:
         self.write()
 
     def write(self):
-        """Write what is pending; True when all of it went."""
+        """Write what is pending; then give the lent buffer back and, after
+        EOF on ``src``, pass the EOF on. True when nothing is left to write."""
         while self.pending:
             try:
                 sent = self.dst.send(self.pending)
@@ -567,6 +587,26 @@ class _Direction:
             except OSError:  # the other end is already gone; the other direction will see it
                 pass
         return True
+
+
+# Linux's SO_ERROR also returns (and clears) "soft" errors, such as a transient
+# ICMP unreachable, that TCP itself survives on an established connection.
+_SOFT_ERRORS = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN,
+                errno.ECONNREFUSED, errno.EPROTO, errno.ENOPROTOOPT}
+
+
+def raise_pending_error(sock):
+    """Raise the socket's pending error (a reset) as OSError, if it has one."""
+    error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if error in _SOFT_ERRORS:
+        try:
+            sock.getpeername()  # still connected: TCP rides it out
+            return
+        except OSError:
+            pass
+    if error:
+        text = os.strerror(error) if sys.platform != "win32" else "socket error %d" % error
+        raise OSError(error, text)
 
 
 def relay(upstream, downstream, transport, tunnel, to_upstream=b"", to_downstream=b""):
@@ -587,6 +627,8 @@ def relay(upstream, downstream, transport, tunnel, to_upstream=b"", to_downstrea
     """
     if to_downstream:
         to_downstream = transport.send(to_downstream)
+    # up: from upstream (cleartext) to the other obfsproxy, encrypted on the way;
+    # down: from the other obfsproxy to upstream, decrypted on the way.
     up = _Direction(upstream, downstream, transport.send_in_place, to_downstream)
     down = _Direction(downstream, upstream, transport.receive_in_place, to_upstream)
     tunnel.directions = (up, down)
@@ -615,10 +657,9 @@ def relay(upstream, downstream, transport, tunnel, to_upstream=b"", to_downstrea
                     registered[sock] = events
             unwatched = [sock for sock, events in registered.items() if not events]
             ready = selector.select(IDLE_CHECK if unwatched else None)
-            for sock in unwatched if not ready else ():
-                error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                if error:
-                    raise OSError(error, os.strerror(error))
+            if not ready:  # IDLE_CHECK passed quietly: look for a reset
+                for sock in unwatched:
+                    raise_pending_error(sock)
             for key, events in ready:
                 for direction in (up, down):
                     if (key.fileobj is direction.dst and events & selectors.EVENT_WRITE) or \
