@@ -391,15 +391,24 @@ def outbound_sources(env):
     return sources or None
 
 
-def client_config(env, base):
-    """(transports, proxy URI or None, whether Tor asked for it), or None when
-    we are not a client. Tor's TOR_PT_PROXY wins over --proxy."""
-    text = env.get("TOR_PT_CLIENT_TRANSPORTS")
+def requested_transports(env, role):
+    """The transports Tor asks of us as ``role`` ("client" or "server"), or
+    None when it asks for none. Names we do not have are ignored (pt-spec)."""
+    text = env.get("TOR_PT_%s_TRANSPORTS" % role.upper())
     if text is None:
         return None
     known, unknown = parse_transports(text)
     if unknown:
-        log.info("ignoring client transport(s) we do not have: %s", ", ".join(unknown))
+        log.info("ignoring %s transport(s) we do not have: %s", role, ", ".join(unknown))
+    return known
+
+
+def client_config(env, base):
+    """(transports, proxy URI or None, whether Tor asked for it), or None when
+    we are not a client. Tor's TOR_PT_PROXY wins over --proxy."""
+    known = requested_transports(env, "client")
+    if known is None:
+        return None
     from_tor = env.get("TOR_PT_PROXY") or None
     proxy_uri = from_tor or base.proxy
     if proxy_uri is not None:
@@ -410,12 +419,9 @@ def client_config(env, base):
 def server_config(env):
     """(transports, bind addresses, options, destination, cookie file or None),
     or None when we are not a server."""
-    text = env.get("TOR_PT_SERVER_TRANSPORTS")
-    if text is None:
+    known = requested_transports(env, "server")
+    if known is None:
         return None
-    known, unknown = parse_transports(text)
-    if unknown:
-        log.info("ignoring server transport(s) we do not have: %s", ", ".join(unknown))
     bindaddrs = parse_bindaddrs(require(env, "TOR_PT_SERVER_BINDADDR"))
     options = parse_transport_options(env.get("TOR_PT_SERVER_TRANSPORT_OPTIONS", ""))
     # An empty TOR_PT_EXTENDED_SERVER_PORT means "no Extended ORPort": use the ORPort.
