@@ -193,10 +193,7 @@ class Settings:
 
     def show(self, address):
         """An address for the log: scrubbed unless --no-safe-logging."""
-        if self.safe_logging:
-            return "[scrubbed]"
-        host, port = address[0], address[1]
-        return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+        return "[scrubbed]" if self.safe_logging else format_address(address)
 
 
 # --- Addresses and sockets ----------------------------------------------------
