@@ -25,6 +25,18 @@ LISTENING = re.compile(r"listening on (\[[0-9a-f:.]+\]|[^ ]+):(\d+)")
 IN_CI = os.environ.get("CI") == "true"
 
 
+def load_vectors(name):
+    """The known answers in ``shared/vectors/NAME`` (beside the checkout, as in CI;
+    or under $OBFSPROXY_VECTORS). Missing vectors fail the test: they are the proof."""
+    import json
+    folder = Path(os.environ.get("OBFSPROXY_VECTORS") or ROOT.parent / "shared" / "vectors")
+    path = folder / name
+    if not path.is_file():
+        pytest.fail("known-answer vectors %s not found (set OBFSPROXY_VECTORS to the folder "
+                    "holding shared/vectors)" % path)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 def require_obfs4proxy():
     """The path of Debian's obfs4proxy. In CI its absence is a failure (CI
     installs it); elsewhere the test is skipped with the reason."""
