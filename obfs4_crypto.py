@@ -1,0 +1,816 @@
+r"""obfs4's primitives that pycryptodome lacks or hides, each proven by known answers.
+
+obfs4 (see ``obfs4.py``) needs, beyond AES/SHA-2/HMAC/Salsa20 from pycryptodome:
+
+* NaCl ``secretbox`` (XSalsa20-Poly1305) for every frame, which needs HSalsa20 and a
+  Poly1305 that takes a raw one-time key;
+* a SipHash-2-4 "hash DRBG" that masks frame lengths and seeds the padding tables, and
+  the few Go ``math/rand`` methods obfs4proxy drives with it;
+* X25519, and Elligator2 in the exact variant obfs4proxy 0.0.14 runs, so that public
+  keys on the wire look like uniformly random bytes.
+
+Nothing here does I/O, keeps a clock, or logs. The randomness of ``generate_keypair`` and
+``WeightedDist.sample`` is injectable, so known-answer vectors replay byte for byte.
+
+What each piece protects, and what it does not
+----------------------------------------------
+* secretbox gives each frame confidentiality and integrity, **provided a nonce is never
+  used twice with one key**: obfs4 builds the nonce from a per-direction prefix and a
+  counter that starts at 1 and must never wrap (``SecretBox`` only takes the counter).
+* The hash DRBG is *not* a secret-keeping generator. It only has to look random: the
+  length masks are seeded from session keys, but the padding table seed of a server is
+  sent to every client on purpose (clients copy the bridge's length fingerprint).
+* Elligator2 hides that the first 32 bytes are a curve point. A censor that maps a
+  representative back to ``u`` could still test whether the point lies in the prime-order
+  subgroup (every honest X25519 key does), which is why obfs4proxy 0.0.14 adds a random
+  low-order point (the "dirty" key below). Half of all keys have no representative: key
+  generation is a rejection loop, run *before* a connection so its time does not show.
+* Python integers are not constant-time. The pure-Python fallbacks (used only when the
+  installed pycryptodome lacks a fast route) leak timing to a local observer; against a
+  network censor that is the same trade every Python obfs implementation makes.
+
+Notation (spec symbol -> code)
+------------------------------
+=========================  ==================================================
+HSalsa20(k, n16)           ``hsalsa20(key32, input16)``
+XSalsa20(k, n24)           Salsa20(HSalsa20(k, n24[0:16]), n24[16:24])
+Poly1305(k32, m)           ``poly1305(key32, data)``: r = k[0:16] clamped, s = k[16:32]
+secretbox(k, n24, m)       ``secretbox_seal``/``secretbox_open``; per direction ``SecretBox``
+SipHash-2-4(K, m)          ``siphash24(key16, data)``
+HashDRBG(seed24)           ``HashDrbg``: ``next_block``, ``mask16``, ``int63``
+rand.New(source)           ``GoRand``: Int63, Int31, Int31n, Intn, Float64, Perm
+probdist.New(seed, lo, hi) ``WeightedDist``
+X25519(k, u)               ``x25519(scalar32, u32)``; X25519(k, 9) ``x25519_base``
+ell2 direct / inverse      ``elligator2_direct(r32)`` / ``elligator2_inverse(u32, tweak)``
+clamp(a)·G + T[a[0] & 7]   ``dirty_public_key(priv32)``
+NewKeypair(elligator)      ``generate_keypair(randbytes)``
+HKDF-SHA256                ``hkdf_sha256(ikm, salt, info, length)`` (RFC 5869)
+=========================  ==================================================
+
+One frame's secretbox (obfs4-spec 2.8)
+--------------------------------------
+::
+
+    nonce24 = nonce_prefix (16, fixed per direction) | BE64(counter)
+    subkey  = HSalsa20(key, nonce_prefix)           -- once per direction, not per frame
+    stream  = Salsa20/20(subkey, BE64(counter)), block counter from 0
+
+    stream:  [ 0 .. 31 : Poly1305 one-time key ][ 32 .. : XOR with the packet ]
+    box:     +--------------------+----------------------------------------+
+             | tag = Poly1305(ct) |  ct = packet XOR stream[32:]           |
+             +--------------------+----------------------------------------+
+                   16 bytes             len(packet) bytes
+
+The hash DRBG (obfs4-spec 6.1)
+------------------------------
+::
+
+    seed24 = K (16: SipHash key) | o_0 (8)
+    block n = o_n = SipHash-2-4(K, o_0 | o_1 | ... | o_(n-1))   -- ONE hasher, never reset
+    mask16  = o[0] * 256 + o[1]          Int63 = BE64(o) & (2^63 - 1)
+
+Keypair generation (obfs4-spec 2.2, 7.6)
+----------------------------------------
+::
+
+    32 CSPRNG bytes --SHA-512--> d      priv = d[0:32] (kept unclamped), tweak = d[63]
+    P = clamp(priv)·G + T[priv[0] & 7]  on edwards25519 (T = the 8 torsion points)
+    u = (1 + y) / (1 - y)               P mapped to Montgomery form: the "dirty" key
+    r = ell2_inverse(u, tweak)          None for about half of all u: draw again
+    keep priv (X25519 clamps it), u (our own ntor transcript), r (the 32 bytes sent)
+
+Because the peer's clamped scalar is a multiple of 8, the torsion term changes no shared
+secret: X25519(b, dirty u) == X25519(b, clean u).
+
+Where the obfs4 document and the 0.0.14 code differ (the code is what is on the wire)
+-------------------------------------------------------------------------------------
+1. The DRBG: the document says each block is SipHash of the previous block. The code
+   feeds each block into one SipHash state that is never reset, so block n hashes all
+   earlier blocks. Both readings agree on the first block only.
+2. Elligator2: 0.0.14 maps a representative after masking **both** top bits, and sets
+   the two top bits of its own representatives from ``tweak & 0xC0``; its public keys
+   carry a torsion term chosen by the *unclamped* low bits of the private key
+   (versions up to 0.0.13 clamped first, so the term was always the identity).
+3. The length tables: weights are Go ``Float64()`` values and the alias tables are
+   built by Vose's method with FIFO work lists; only exact float replay reproduces a
+   bridge's table (the vectors compare floats with ``==``).
+
+Routes: fast when pycryptodome can, pure Python otherwise
+---------------------------------------------------------
+Three primitives exist inside pycryptodome but not (or not always) as public API:
+Poly1305 with a raw key (private ``Poly1305_MAC(r, s, data)``), X25519 (public
+``Crypto.Protocol.DH`` since 3.21) and edwards25519 point arithmetic (``EccPoint`` with
+``curve="Ed25519"``). Each is used only after it reproduces a known answer at import;
+if it is missing, has another signature, raises, or answers wrongly, the pure-Python
+function runs instead. ``POLY1305_ROUTE``, ``X25519_ROUTE`` and ``EDWARDS_ROUTE`` say
+which route runs; the pure functions (``_poly1305_pure``, ``_x25519_pure``,
+``_dirty_u_pure``) stay callable so the tests prove both routes on the same vectors.
+"""
+
+import hashlib
+import hmac
+import os
+import random
+import secrets
+import struct
+
+from Crypto.Cipher import Salsa20
+
+# The fast routes (see "Routes" above); each is used only after its import-time self-test.
+try:
+    from Crypto.Hash.Poly1305 import Poly1305_MAC as _Poly1305_MAC  # private class
+except ImportError:
+    _Poly1305_MAC = None
+try:
+    from Crypto.Protocol import DH as _DH  # pycryptodome >= 3.21
+except ImportError:
+    _DH = None
+
+# --------------------------------------------------------------------------------------
+# HKDF-SHA256 (RFC 5869), for ntor's key expansion
+# --------------------------------------------------------------------------------------
+
+
+def hkdf_sha256_extract(salt, ikm):
+    """PRK = HMAC-SHA256(salt, IKM)   (an empty salt acts as 32 zero bytes)"""
+    return hmac.new(salt, ikm, hashlib.sha256).digest()
+
+
+def hkdf_sha256_expand(prk, info, length):
+    """T(0) = "";  T(i) = HMAC-SHA256(PRK, T(i-1) | info | i);  OKM = T(1) | T(2) | ... [0:L]"""
+    if not 0 <= length <= 255 * 32:
+        raise ValueError("HKDF-SHA256 can give at most 8160 bytes, not %d" % length)
+    blocks, block = [], b""
+    for i in range(1, -(-length // 32) + 1):
+        block = hmac.new(prk, block + info + bytes([i]), hashlib.sha256).digest()
+        blocks.append(block)
+    return b"".join(blocks)[:length]
+
+
+def hkdf_sha256(ikm, salt, info, length):
+    """HKDF-SHA256(IKM, salt, info, L) = Expand(Extract(salt, IKM), info, L)."""
+    return hkdf_sha256_expand(hkdf_sha256_extract(salt, ikm), info, length)
+
+
+# --------------------------------------------------------------------------------------
+# HSalsa20 and XSalsa20 (obfs4-spec 7.1)
+# --------------------------------------------------------------------------------------
+
+M32 = 0xFFFFFFFF
+SIGMA = struct.unpack("<4I", b"expand 32-byte k")   # the words at state positions 0, 5, 10, 15
+
+# Salsa20's double round: four columns, then four rows; each tuple is (a, b, c, d) of
+#   b ^= (a + d) <<< 7;  c ^= (b + a) <<< 9;  d ^= (c + b) <<< 13;  a ^= (d + c) <<< 18
+_DOUBLE_ROUND = ((0, 4, 8, 12), (5, 9, 13, 1), (10, 14, 2, 6), (15, 3, 7, 11),
+                 (0, 1, 2, 3), (5, 6, 7, 4), (10, 11, 8, 9), (15, 12, 13, 14))
+
+
+def hsalsa20(key32, input16):
+    """HSalsa20: the Salsa20/20 rounds over
+
+        [ c0  k0  k1  k2 ]
+        [ k3  c1  n0  n1 ]      c = "expand 32-byte k", k = key32, n = input16
+        [ n2  n3  c2  k4 ]      (little-endian 32-bit words)
+        [ k5  k6  k7  c3 ]
+
+    returning words 0, 5, 10, 15, 6, 7, 8, 9 *without* adding the input back.
+    Pure Python (50-100 µs): compute it once per direction, never per frame.
+    """
+    k = struct.unpack("<8I", key32)
+    n = struct.unpack("<4I", input16)
+    x = [SIGMA[0], k[0], k[1], k[2], k[3], SIGMA[1], n[0], n[1],
+         n[2], n[3], SIGMA[2], k[4], k[5], k[6], k[7], SIGMA[3]]
+    for _ in range(10):
+        for a, b, c, d in _DOUBLE_ROUND:
+            t = (x[a] + x[d]) & M32
+            x[b] ^= ((t << 7) | (t >> 25)) & M32
+            t = (x[b] + x[a]) & M32
+            x[c] ^= ((t << 9) | (t >> 23)) & M32
+            t = (x[c] + x[b]) & M32
+            x[d] ^= ((t << 13) | (t >> 19)) & M32
+            t = (x[d] + x[c]) & M32
+            x[a] ^= ((t << 18) | (t >> 14)) & M32
+    return struct.pack("<8I", x[0], x[5], x[10], x[15], x[6], x[7], x[8], x[9])
+
+
+def xsalsa20_keystream(key32, nonce24, length):
+    """The first ``length`` bytes of XSalsa20(key, nonce):
+    Salsa20/20(HSalsa20(key, nonce[0:16]), nonce[16:24]), block counter from 0."""
+    cipher = Salsa20.new(key=hsalsa20(key32, nonce24[:16]), nonce=bytes(nonce24[16:24]))
+    return cipher.encrypt(bytes(length))
+
+
+# --------------------------------------------------------------------------------------
+# Poly1305 with a raw one-time key (obfs4-spec 7.2)
+# --------------------------------------------------------------------------------------
+
+P1305 = (1 << 130) - 5
+R_CLAMP = 0x0FFFFFFC0FFFFFFC0FFFFFFC0FFFFFFF
+M128 = (1 << 128) - 1
+
+
+def _poly1305_pure(key32, data):
+    """r = LE(key[0:16]) & 0x0ffffffc0ffffffc0ffffffc0fffffff;  s = LE(key[16:32])
+    for each 16-byte block b (the last may be shorter):
+        acc = (acc + LE(b) + 2^(8·len(b))) · r  mod 2^130 - 5
+    tag = (acc + s) mod 2^128, 16 bytes little-endian."""
+    r = int.from_bytes(key32[:16], "little") & R_CLAMP
+    s = int.from_bytes(key32[16:32], "little")
+    acc = 0
+    full = len(data) - len(data) % 16
+    for i in range(0, full, 16):
+        acc = (acc + int.from_bytes(data[i:i + 16], "little") + (1 << 128)) * r % P1305
+    if full < len(data):
+        tail = data[full:]
+        acc = (acc + int.from_bytes(tail, "little") + (1 << (8 * len(tail)))) * r % P1305
+    return ((acc + s) & M128).to_bytes(16, "little")
+
+
+def _poly1305_pycryptodome(key32, data):
+    """pycryptodome's private raw-key class (it clamps r itself)."""
+    return _Poly1305_MAC(key32[:16], key32[16:32], data).digest()
+
+
+# RFC 8439 section 2.5.2, and the empty message (whose tag is s itself).
+_RFC8439_KEY = bytes.fromhex("85d6be7857556d337f4452fe42d506a80103808afb0db2fd4abff6af4149f51b")
+_POLY1305_ANSWERS = [
+    ((_RFC8439_KEY, b"Cryptographic Forum Research Group"),
+     bytes.fromhex("a8061dc1305136c6c22b8baf0c0127a9")),
+    ((_RFC8439_KEY, b""), _RFC8439_KEY[16:]),
+]
+
+
+def _choose(fast, fast_name, pure, answers):
+    """(fast, fast_name) if ``fast`` gives every known answer, else (pure, "pure Python").
+
+    Any exception counts as failure: what it calls may be missing (None, or an
+    attribute gone), take another signature (TypeError) or reject the input (ValueError)."""
+    try:
+        if all(fast(*args) == expected for args, expected in answers):
+            return fast, fast_name
+    except Exception:  # a broken fast route must never stop the program: use the pure one
+        pass
+    return pure, "pure Python"
+
+
+poly1305, POLY1305_ROUTE = _choose(
+    _poly1305_pycryptodome, "pycryptodome Poly1305_MAC", _poly1305_pure, _POLY1305_ANSWERS)
+
+
+# --------------------------------------------------------------------------------------
+# secretbox = XSalsa20-Poly1305 (obfs4-spec 2.8, 7.3)
+# --------------------------------------------------------------------------------------
+
+TAG_LENGTH = 16
+_ZERO32 = bytes(32)
+
+
+def _seal(subkey, nonce8, message):
+    """tag | ct, where ct = message XOR stream[32:], tag = Poly1305(stream[0:32], ct)."""
+    cipher = Salsa20.new(key=subkey, nonce=nonce8)
+    one_time_key = cipher.encrypt(_ZERO32)
+    ciphertext = cipher.encrypt(message)
+    return poly1305(one_time_key, ciphertext) + ciphertext
+
+
+def _open(subkey, nonce8, box):
+    """Check the tag over the ciphertext (constant-time compare), then decrypt."""
+    if len(box) < TAG_LENGTH:
+        raise ValueError("bad tag")
+    cipher = Salsa20.new(key=subkey, nonce=nonce8)
+    one_time_key = cipher.encrypt(_ZERO32)
+    ciphertext = box[TAG_LENGTH:]
+    if not hmac.compare_digest(poly1305(one_time_key, ciphertext), box[:TAG_LENGTH]):
+        raise ValueError("bad tag")
+    return cipher.encrypt(ciphertext)
+
+
+class SecretBox:
+    """One direction of obfs4 frames: a fixed key and 16-byte nonce prefix.
+
+    The HSalsa20 subkey depends only on the key and the prefix, so it is computed once
+    here; each frame then costs one Salsa20 object and one Poly1305.
+    ``seal``/``open`` take the frame counter (0 .. 2^64 - 1; obfs4 starts at 1)."""
+
+    def __init__(self, key32, nonce_prefix16):
+        if len(key32) != 32 or len(nonce_prefix16) != 16:
+            raise ValueError("SecretBox needs a 32-byte key and a 16-byte nonce prefix")
+        self.nonce_prefix = bytes(nonce_prefix16)
+        self._subkey = hsalsa20(key32, nonce_prefix16)
+
+    def nonce(self, counter):
+        """nonce = nonce_prefix | BE64(counter)   (24 bytes)"""
+        return self.nonce_prefix + _be64(counter)
+
+    def seal(self, counter, packet):
+        """tag (16) | ciphertext (len(packet))."""
+        return _seal(self._subkey, _be64(counter), packet)
+
+    def open(self, counter, box):
+        """The packet inside ``box`` (tag | ciphertext); ValueError("bad tag") if forged,
+        damaged, too short, or sealed under another counter."""
+        return _open(self._subkey, _be64(counter), box)
+
+
+def _be64(counter):
+    if not 0 <= counter <= 0xFFFFFFFFFFFFFFFF:
+        raise ValueError("secretbox counter %r does not fit in 64 bits" % (counter,))
+    return counter.to_bytes(8, "big")
+
+
+def secretbox_seal(key32, nonce24, message):
+    """NaCl crypto_secretbox with the tag first (as Go's secretbox.Seal): tag | ct."""
+    return _seal(hsalsa20(key32, nonce24[:16]), bytes(nonce24[16:24]), message)
+
+
+def secretbox_open(key32, nonce24, box):
+    """The message in ``box`` (tag | ct); ValueError("bad tag") when it does not verify."""
+    return _open(hsalsa20(key32, nonce24[:16]), bytes(nonce24[16:24]), box)
+
+
+# --------------------------------------------------------------------------------------
+# SipHash-2-4 (obfs4-spec 7.4), built from three steps so the DRBG can run it incrementally
+# --------------------------------------------------------------------------------------
+
+M64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _sip_rounds(v0, v1, v2, v3, n):
+    """n SipRounds:  v0 += v1; v1 <<<= 13; v1 ^= v0; v0 <<<= 32;
+                     v2 += v3; v3 <<<= 16; v3 ^= v2;
+                     v0 += v3; v3 <<<= 21; v3 ^= v0;
+                     v2 += v1; v1 <<<= 17; v1 ^= v2; v2 <<<= 32      (all mod 2^64)"""
+    for _ in range(n):
+        v0 = (v0 + v1) & M64
+        v1 = ((v1 << 13) & M64 | v1 >> 51) ^ v0
+        v0 = (v0 << 32) & M64 | v0 >> 32
+        v2 = (v2 + v3) & M64
+        v3 = ((v3 << 16) & M64 | v3 >> 48) ^ v2
+        v0 = (v0 + v3) & M64
+        v3 = ((v3 << 21) & M64 | v3 >> 43) ^ v0
+        v2 = (v2 + v1) & M64
+        v1 = ((v1 << 17) & M64 | v1 >> 47) ^ v2
+        v2 = (v2 << 32) & M64 | v2 >> 32
+    return v0, v1, v2, v3
+
+
+def _sip_init(key16):
+    """k0, k1 = the key as two little-endian u64;
+    v = (k0 ^ "somepseu", k1 ^ "dorandom", k0 ^ "lygenera", k1 ^ "tedbytes")."""
+    k0, k1 = struct.unpack("<QQ", key16)
+    return (k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D,
+            k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573)
+
+
+def _sip_absorb(v, m):
+    """Compression of one 8-byte word m (little-endian u64): v3 ^= m; 2 rounds; v0 ^= m."""
+    v0, v1, v2, v3 = _sip_rounds(v[0], v[1], v[2], v[3] ^ m, 2)
+    return v0 ^ m, v1, v2, v3
+
+
+def _sip_finish(v, b):
+    """Last word b (tail bytes, length mod 256 in the top byte), v2 ^= 0xff, 4 rounds;
+    the result is v0 ^ v1 ^ v2 ^ v3. Works on a copy: ``v`` stays usable."""
+    v0, v1, v2, v3 = _sip_absorb(v, b)
+    v0, v1, v2, v3 = _sip_rounds(v0, v1, v2 ^ 0xFF, v3, 4)
+    return v0 ^ v1 ^ v2 ^ v3
+
+
+def siphash24(key16, data):
+    """SipHash-2-4 of ``data`` under ``key16``, as 8 bytes (the u64 result little-endian)."""
+    v = _sip_init(key16)
+    full = len(data) - len(data) % 8
+    for i in range(0, full, 8):
+        v = _sip_absorb(v, int.from_bytes(data[i:i + 8], "little"))
+    b = (len(data) & 0xFF) << 56 | int.from_bytes(data[full:], "little")
+    return _sip_finish(v, b).to_bytes(8, "little")
+
+
+# --------------------------------------------------------------------------------------
+# The hash DRBG, Go math/rand and the weighted tables (obfs4-spec 6)
+# --------------------------------------------------------------------------------------
+
+DRBG_SEED_LENGTH = 24
+INT63_MASK = (1 << 63) - 1
+
+
+class HashDrbg:
+    """obfs4's SipHash-2-4 "OFB" generator, exactly as obfs4proxy runs it (erratum 1).
+
+    One SipHash state keyed with seed[0:16] absorbs every block it outputs and is never
+    reset: block n = SipHash(K, o_0 | ... | o_(n-1)). We keep v0..v3 after each absorbed
+    block (every input is a whole 8-byte word, so no tail is pending) and finish a copy
+    for each digest: O(1) per block."""
+
+    def __init__(self, seed24):
+        if len(seed24) != DRBG_SEED_LENGTH:
+            raise ValueError("a hash-DRBG seed is 24 bytes, not %d" % len(seed24))
+        self._v = _sip_init(seed24[:16])
+        self._fed = 0                           # bytes absorbed so far
+        self._block = bytes(seed24[16:24])      # o_0
+
+    def next_block(self):
+        """Feed the current block into the hasher; the digest is the next block."""
+        self._v = _sip_absorb(self._v, int.from_bytes(self._block, "little"))
+        self._fed += 8
+        self._block = _sip_finish(self._v, (self._fed & 0xFF) << 56).to_bytes(8, "little")
+        return self._block
+
+    def mask16(self):
+        """The next length mask: o[0] * 256 + o[1] of a fresh block."""
+        block = self.next_block()
+        return block[0] << 8 | block[1]
+
+    def int63(self):
+        """Go's Source.Int63 over this DRBG: BE64(next block) & (2^63 - 1)."""
+        return int.from_bytes(self.next_block(), "big") & INT63_MASK
+
+
+class GoRand:
+    """The value streams of Go 1.x ``rand.New(source)`` that obfs4proxy uses.
+
+    ``source`` is anything with ``int63()`` (a ``HashDrbg``). The algorithms must match
+    Go's bit for bit, rejections included, or the tables come out different."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def int63(self):
+        return self.source.int63()
+
+    def int31(self):
+        """Int31() = Int63() >> 32"""
+        return self.source.int63() >> 32
+
+    def int31n(self, n):
+        """n a power of two: Int31() & (n - 1); else reject v > (2^31 - 1) - 2^31 mod n,
+        return v mod n."""
+        if n <= 0:
+            raise ValueError("invalid argument to Int31n: %d" % n)
+        if n & (n - 1) == 0:
+            return self.int31() & (n - 1)
+        limit = (1 << 31) - 1 - (1 << 31) % n
+        v = self.int31()
+        while v > limit:
+            v = self.int31()
+        return v % n
+
+    def intn(self, n):
+        """Intn(n) = Int31n(n) for every n below 2^31 (all that obfs4 uses)."""
+        if n >= 1 << 31:
+            raise ValueError("Intn beyond 2^31 - 1 is not implemented: %d" % n)
+        return self.int31n(n)
+
+    def float64(self):
+        """f = Int63() / 2^63, drawn again while f == 1.0 (rounding can give exactly 1)."""
+        while True:
+            f = float(self.source.int63()) / 9223372036854775808.0
+            if f != 1.0:
+                return f
+
+    def perm(self, n):
+        """m = [0] * n; for i in 0 .. n-1: j = Intn(i + 1); m[i] = m[j]; m[j] = i
+        (Intn(1) at i = 0 still consumes a value)."""
+        m = [0] * n
+        for i in range(n):
+            j = self.intn(i + 1)
+            m[i] = m[j]
+            m[j] = i
+        return m
+
+
+_SYSTEM_RANDOM = random.SystemRandom()
+
+
+class WeightedDist:
+    """obfs4proxy's ``probdist``: a random table of values with random weights, sampled
+    with Vose's alias method. Lengths use (lo, hi) = (0, 1448), IAT (0, 100).
+
+    Built (obfs4-spec 6.3) from ``rng = GoRand(HashDrbg(seed))``:
+        count  = hi + 1 - lo;  perm = rng.Perm(count)
+        n      = rng.Intn(min(100, max(1, count))) + 1;  values = perm[0:n]
+        w_i    = rng.Float64()     (biased: (1 - sum of earlier w) * rng.Float64())
+        alias tables from scaled_i = w_i * n / sum(w)   (FIFO ``small`` and ``large``)
+
+    The tables never change after construction, so one instance may be shared by every
+    connection of a listener and sampled from many threads."""
+
+    def __init__(self, seed24, lo, hi, biased=False):
+        self.lo, self.hi, self.biased = lo, hi, biased
+        rng = GoRand(HashDrbg(seed24))
+        count = hi + 1 - lo
+        perm = rng.perm(count)
+        n = rng.intn(min(100, max(1, count))) + 1
+        self.values = perm[:n]
+        self.weights = []
+        total_before = 0.0
+        for _ in range(n):
+            w = (1.0 - total_before) * rng.float64() if biased else rng.float64()
+            total_before += w
+            self.weights.append(w)
+        self.prob, self.alias = _vose(self.weights)
+
+    def sample(self, randbelow=secrets.randbelow, random_float=_SYSTEM_RANDOM.random):
+        """lo + values[i] if c <= prob[i] else lo + values[alias[i]], where i is uniform in
+        [0, n) and c uniform in [0, 1), both from the CSPRNG (not the DRBG)."""
+        i = randbelow(len(self.values))
+        if random_float() > self.prob[i]:
+            i = self.alias[i]
+        return self.lo + self.values[i]
+
+
+def _vose(weights):
+    """Vose's alias tables (prob, alias) for ``weights``, in obfs4proxy's exact order."""
+    n = len(weights)
+    total = 0.0
+    for w in weights:
+        total += w
+    scaled = [w * n / total for w in weights]       # multiply, then divide (as Go)
+    small = [i for i in range(n) if scaled[i] < 1.0]
+    large = [i for i in range(n) if scaled[i] >= 1.0]
+    prob, alias = [0.0] * n, [0] * n
+    s = g = 0                                       # fronts of the two FIFO queues
+    while s < len(small) and g < len(large):
+        less, more = small[s], large[g]
+        s, g = s + 1, g + 1
+        prob[less] = scaled[less]
+        alias[less] = more
+        scaled[more] = (scaled[more] + scaled[less]) - 1.0
+        (small if scaled[more] < 1.0 else large).append(more)
+    for i in large[g:] + small[s:]:
+        prob[i] = 1.0
+    return prob, alias
+
+
+def close_delay(drbg_seed24):
+    """A server's fixed extra delay (seconds, 0..59) before closing a failed connection:
+    Intn(60) as the first call on a fresh HashDrbg(drbg-seed)."""
+    return GoRand(HashDrbg(drbg_seed24)).intn(60)
+
+
+# --------------------------------------------------------------------------------------
+# Field arithmetic mod p = 2^255 - 19
+# --------------------------------------------------------------------------------------
+
+P = (1 << 255) - 19
+A = 486662                                  # Curve25519: v^2 = u^3 + A u^2 + u
+A24 = (A - 2) // 4                          # 121665, the ladder's constant
+SQRT_M1 = pow(2, (P - 1) // 4, P)           # sqrt(-1), since 2 is a non-square mod p
+HALF_P = (P - 1) // 2                       # field elements above this are "negative"
+M255 = (1 << 255) - 1
+
+
+def _inv(x):
+    """1 / x mod p (extended Euclid; ~6x faster than x^(p-2)), and 0 for x = 0 as x^(p-2) gives."""
+    x %= P
+    return pow(x, -1, P) if x else 0
+
+
+def _is_square(x):
+    """Euler's criterion: x^((p-1)/2) is 1 for a non-zero square, 0 for 0, p-1 otherwise."""
+    return pow(x, HALF_P, P) == 1
+
+
+def _inv_sqrt(x):
+    """s with s^2 = 1/x, or None when x is 0 or not a square; one exponentiation.
+    Since p = 5 mod 8, c = x^((p-5)/8) gives c^2 x = x^((p-1)/4), a fourth root of 1
+    when x is a square: c^2 x = 1 means s = c; c^2 x = -1 means s = c·sqrt(-1);
+    anything else (sqrt(-1) or its negative, or 0) means no root."""
+    c = pow(x, (P - 5) // 8, P)
+    check = c * c * x % P
+    if check == 1:
+        return c
+    if check == P - 1:
+        return c * SQRT_M1 % P
+    return None
+
+
+def _clamp(scalar32):
+    """k[0] &= 248; k[31] &= 127; k[31] |= 64; read little-endian."""
+    k = int.from_bytes(scalar32, "little")
+    return (k & ~7 & M255) | (1 << 254)
+
+
+def _u_int(u32):
+    """u from 32 bytes: bit 255 ignored, reduced mod p (RFC 7748 section 5)."""
+    return (int.from_bytes(u32, "little") & M255) % P
+
+
+def _bytes32(x):
+    return x.to_bytes(32, "little")
+
+
+# --------------------------------------------------------------------------------------
+# X25519 (RFC 7748; obfs4-spec 7.5)
+# --------------------------------------------------------------------------------------
+
+X25519_BASE = _bytes32(9)
+
+
+def _x25519_pure(scalar32, u32):
+    """RFC 7748's Montgomery ladder on projective (x : z), one bit of the clamped scalar
+    at a time from bit 254 down. Low-order u give 0, i.e. 32 zero bytes. ~2 ms."""
+    k = _clamp(scalar32)
+    x1 = _u_int(u32)
+    x2, z2, x3, z3 = 1, 0, x1, 1
+    for t in range(254, -1, -1):
+        if (k >> t) & 1:
+            x2, z2, x3, z3 = x3, z3, x2, z2
+        a, b = x2 + z2, x2 - z2
+        aa, bb = a * a % P, b * b % P
+        e = aa - bb
+        c, d = x3 + z3, x3 - z3
+        da, cb = d * a % P, c * b % P
+        x3, z3 = (da + cb) ** 2 % P, x1 * (da - cb) ** 2 % P
+        x2, z2 = aa * bb % P, e * (aa + A24 * e) % P
+        if (k >> t) & 1:
+            x2, z2, x3, z3 = x3, z3, x2, z2
+    return _bytes32(x2 * _inv(z2) % P)
+
+
+def _x25519_pycryptodome(scalar32, u32):
+    """Crypto.Protocol.DH (pycryptodome >= 3.21). It refuses low-order u with ValueError;
+    the ladder's answer for those is 0, so that is what we return (obfs4: a failed
+    handshake, never a crash)."""
+    private = _DH.import_x25519_private_key(bytes(scalar32))
+    try:
+        public = _DH.import_x25519_public_key(_bytes32(_u_int(u32)))
+        return _DH.key_agreement(static_priv=private, static_pub=public, kdf=bytes)
+    except ValueError:
+        return bytes(32)
+
+
+# RFC 7748 section 5.2 (first vector) and a low-order u (0), whose answer is all zeros.
+_X25519_ANSWERS = [
+    ((bytes.fromhex("a546e36bf0527c9d3b16154b82465edd62144c0ac1fc5a18506a2244ba449ac4"),
+      bytes.fromhex("e6db6867583030db3594c1a424b15f7c726624ec26b3353b10a903a6d0ab1c4c")),
+     bytes.fromhex("c3da55379de9c6908e94ea4df28d084f32eccf03491c71f754b4075577a28552")),
+    ((bytes(range(32)), bytes(32)), bytes(32)),
+]
+
+x25519, X25519_ROUTE = _choose(
+    _x25519_pycryptodome, "pycryptodome Crypto.Protocol.DH", _x25519_pure, _X25519_ANSWERS)
+
+
+def x25519_base(scalar32):
+    """The public key X25519(k, 9)."""
+    return x25519(scalar32, X25519_BASE)
+
+
+# --------------------------------------------------------------------------------------
+# Elligator2, the obfs4proxy 0.0.14 variant (obfs4-spec 7.6)
+# --------------------------------------------------------------------------------------
+
+REPRESENTATIVE_LENGTH = 32
+
+
+def elligator2_direct(representative32):
+    """Representative -> u (what the receiver does with every key on the wire):
+
+    1. r = LE(representative) with BOTH top bits of byte 31 cleared (r < 2^254 < p)
+    2. w = -A / (1 + 2 r^2)                        (never 0 over 0: -1/2 is a non-square)
+    3. u = w if w^3 + A w^2 + w is a non-zero square, else u = -A - w
+    r = 0 gives w = -A, whose curve value -A is a non-square, so u = 0."""
+    if len(representative32) != REPRESENTATIVE_LENGTH:
+        raise ValueError("a representative is 32 bytes, not %d" % len(representative32))
+    r = int.from_bytes(representative32, "little") & ((1 << 254) - 1)
+    w = -A * _inv(1 + 2 * r * r) % P
+    value = w * (w * w + A * w + 1) % P
+    u = w if value != 0 and _is_square(value) else (-A - w) % P
+    return _bytes32(u)
+
+
+def elligator2_inverse(u32, tweak):
+    """u -> representative, or None when u has none (about half of all u):
+
+    1. t = -2 u (u + A); no representative if t = 0 or t is not a square
+    2. s = 1 / sqrt(t)                           (either root: step 4 fixes the sign)
+    3. r = u s if tweak & 1 == 0, else r = (u + A) s
+    4. if r > (p - 1) / 2: r = p - r
+    5. 32 bytes little-endian (top two bits 0), byte 31 |= tweak & 0xC0."""
+    u = _u_int(u32)
+    s = _inv_sqrt(-2 * u * (u + A) % P)
+    if s is None:
+        return None
+    r = (u if tweak & 1 == 0 else u + A) * s % P
+    if r > HALF_P:
+        r = P - r
+    out = bytearray(_bytes32(r))
+    out[31] |= tweak & 0xC0
+    return bytes(out)
+
+
+# --------------------------------------------------------------------------------------
+# edwards25519 and the "dirty" public key (obfs4-spec 2.2, 7.6)
+# --------------------------------------------------------------------------------------
+
+D = -121665 * _inv(121666) % P              # edwards25519: -x^2 + y^2 = 1 + d x^2 y^2
+ED_GY = 4 * _inv(5) % P                     # the base point: y = 4/5, x the even root
+ED_GX = 0x216936D3CD6E53FEC0A4E231FDD6DC5C692CC7609525A7B2C9562D608F25D51A
+# obfs4proxy's (edwards25519-extra's) point of order 8, "lop" = low-order point.
+LOP_X = 0x1FD5B9A006394A28E933993238DE4ABB5C193C7013E5E238DEA14646C545D14A
+LOP_Y = 0x05FC536D880238B13933C6D305ACDFD5F098EFF289F4C345B027B2C28F95E826
+# T[i] for i = priv[0] & 7, in obfs4proxy's order.
+TORSION = [(0, 1), (LOP_X, LOP_Y), (SQRT_M1, 0), (LOP_X, P - LOP_Y),
+           (0, P - 1), (P - LOP_X, P - LOP_Y), (P - SQRT_M1, 0), (P - LOP_X, LOP_Y)]
+
+
+def _u_from_edwards(y, z=1):
+    """Montgomery u of the Edwards point with affine y = Y/Z: u = (1 + y)/(1 - y) = (Z + Y)/(Z - Y)."""
+    return (z + y) * _inv(z - y) % P
+
+
+def _ed_add(p1, p2):
+    """Extended coordinates (X : Y : Z : T), x = X/Z, y = Y/Z, x·y = T/Z; the unified
+    addition for a = -1 (Hisil-Wong-Carter-Dawson 2008), complete on edwards25519:
+    A = (Y1-X1)(Y2-X2), B = (Y1+X1)(Y2+X2), C = 2d T1 T2, D = 2 Z1 Z2,
+    E = B-A, F = D-C, G = D+C, H = B+A;  (X3, Y3, Z3, T3) = (EF, GH, FG, EH)."""
+    x1, y1, z1, t1 = p1
+    x2, y2, z2, t2 = p2
+    a = (y1 - x1) * (y2 - x2) % P
+    b = (y1 + x1) * (y2 + x2) % P
+    c = 2 * D * t1 * t2 % P
+    d = 2 * z1 * z2 % P
+    e, f, g, h = b - a, d - c, d + c, b + a
+    return e * f % P, g * h % P, f * g % P, e * h % P
+
+
+def _ed_point(x, y):
+    return x, y, 1, x * y % P
+
+
+def _ed_mul(point, k):
+    """k·point by double-and-add from the top bit (not constant-time; see the docstring)."""
+    result = (0, 1, 1, 0)
+    for bit in bin(k)[2:]:
+        result = _ed_add(result, result)
+        if bit == "1":
+            result = _ed_add(result, point)
+    return result
+
+
+_ED_BASE = _ed_point(ED_GX, ED_GY)
+_ED_TORSION = [_ed_point(x, y) for x, y in TORSION]
+
+
+def _dirty_u_pure(priv32):
+    """u of clamp(priv)·G + T[priv[0] & 7], with plain-Python extended coordinates."""
+    point = _ed_add(_ed_mul(_ED_BASE, _clamp(priv32)), _ED_TORSION[priv32[0] & 7])
+    return _bytes32(_u_from_edwards(point[1], point[2]))
+
+
+def _make_dirty_u_pycryptodome():
+    """The same with pycryptodome's public EccPoint on "Ed25519" (>= 3.15)."""
+    from Crypto.PublicKey.ECC import EccPoint
+    base = EccPoint(ED_GX, ED_GY, curve="Ed25519")
+    torsion = [EccPoint(x, y, curve="Ed25519") for x, y in TORSION]
+
+    def _dirty_u_pycryptodome(priv32):
+        """u of clamp(priv)·G + T[priv[0] & 7], with pycryptodome's EccPoint."""
+        point = base * _clamp(priv32) + torsion[priv32[0] & 7]
+        return _bytes32(_u_from_edwards(int(point.y)))
+    return _dirty_u_pycryptodome
+
+
+def _dirty_u_unavailable(priv32):
+    raise RuntimeError("pycryptodome's Ed25519 EccPoint is not available")
+
+
+try:
+    _dirty_u_pycryptodome = _make_dirty_u_pycryptodome()
+except Exception:  # too old or changed: the self-test below then picks the pure route
+    _dirty_u_pycryptodome = _dirty_u_unavailable
+
+# Two dirty keys (torsion indexes 0 and 7) from obfs4-elligator2.json's dirty_keypairs.
+_EDWARDS_ANSWERS = [
+    ((bytes.fromhex("b81ef6327d03a6f88c00609864ecb20274788613c6d3a2fb4623bbcc7c02cc75"),),
+     bytes.fromhex("d9cd8e229ba9e3414c56b7e66f58cc6c0680ac60b343c71822b59eaf78c03722")),
+    ((bytes.fromhex("df1c089cc98282ba9c1b23338715f6ab1ffef0ab605e1f320b2271cc3d49e932"),),
+     bytes.fromhex("df035ae1494d7c550bd5d896372f8df941a85b7dc2d8dd85961e80d7abdef370")),
+]
+
+_dirty_u, EDWARDS_ROUTE = _choose(
+    _dirty_u_pycryptodome, "pycryptodome EccPoint", _dirty_u_pure, _EDWARDS_ANSWERS)
+
+
+def dirty_public_key(priv32):
+    """The public key obfs4proxy 0.0.14 puts behind its representatives: the Montgomery u
+    of clamp(priv)·G + T[priv[0] & 7]. ``priv32`` is the unclamped private key; its low
+    three bits pick the torsion point, which X25519 with it ignores (the peer's clamped
+    scalar is a multiple of 8)."""
+    if len(priv32) != 32:
+        raise ValueError("a private key is 32 bytes, not %d" % len(priv32))
+    return _dirty_u(priv32)
+
+
+def generate_keypair(randbytes=os.urandom):
+    """(priv32, u32, representative32) by obfs4proxy's rejection loop:
+    d = SHA-512(randbytes(32)); priv = d[0:32]; tweak = d[63]; u = dirty_public_key(priv);
+    r = elligator2_inverse(u, tweak); draw again while r is None (about 1 in 2)."""
+    while True:
+        digest = hashlib.sha512(randbytes(32)).digest()
+        priv, tweak = digest[:32], digest[63]
+        u = dirty_public_key(priv)
+        representative = elligator2_inverse(u, tweak)
+        if representative is not None:
+            return priv, u, representative

@@ -1,0 +1,539 @@
+"""obfs4_crypto against the known answers in shared/vectors, on both routes.
+
+Every vector of obfs4-primitives.json, obfs4-elligator2.json and
+obfs4-drbg-probdist.json that concerns these primitives is checked here. Where a
+primitive has a fast pycryptodome route and a pure-Python one, the ``route`` fixture
+runs the test twice: once with the route the import-time self-test chose, once with
+the pure functions patched in, so both are proven on the same vectors.
+"""
+
+import hashlib
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import load_vectors
+
+import obfs4_crypto as c
+
+PRIMITIVES = load_vectors("obfs4-primitives.json")
+ELLIGATOR = load_vectors("obfs4-elligator2.json")
+DRBG = load_vectors("obfs4-drbg-probdist.json")
+h = bytes.fromhex
+P = 2 ** 255 - 19
+
+
+@pytest.fixture(params=["chosen route", "pure Python"])
+def route(request, monkeypatch):
+    """Run the test on the self-tested route, then again on the pure fallbacks."""
+    if request.param == "pure Python":
+        monkeypatch.setattr(c, "poly1305", c._poly1305_pure)
+        monkeypatch.setattr(c, "x25519", c._x25519_pure)
+        monkeypatch.setattr(c, "_dirty_u", c._dirty_u_pure)
+    return request.param
+
+
+def cases(section):
+    return section["cases"]
+
+
+# --- HKDF, HSalsa20, XSalsa20 ---------------------------------------------------------
+
+def test_hkdf_sha256_rfc5869_case_1():
+    v = PRIMITIVES["hkdf_sha256"]
+    assert c.hkdf_sha256_extract(h(v["salt"]), h(v["ikm"])) == h(v["prk"])
+    assert c.hkdf_sha256(h(v["ikm"]), h(v["salt"]), h(v["info"]), v["length"]) == h(v["okm"])
+    # a shorter output is a prefix of the longer one (same T(1), T(2), ...)
+    assert c.hkdf_sha256(h(v["ikm"]), h(v["salt"]), h(v["info"]), 5) == h(v["okm"])[:5]
+
+
+def test_hkdf_refuses_more_than_255_blocks():
+    with pytest.raises(ValueError, match="8160"):
+        c.hkdf_sha256(b"ikm", b"salt", b"info", 255 * 32 + 1)
+
+
+@pytest.mark.parametrize("v", cases(PRIMITIVES["hsalsa20"]))
+def test_hsalsa20(v):
+    assert c.hsalsa20(h(v["key"]), h(v["input16"])) == h(v["output"])
+
+
+@pytest.mark.parametrize("v", cases(PRIMITIVES["xsalsa20"]))
+def test_xsalsa20_keystream(v):
+    first_160 = h(v["keystream_first_160"])
+    assert c.xsalsa20_keystream(h(v["key"]), h(v["nonce"]), 32) == h(v["keystream_first_32"])
+    assert c.xsalsa20_keystream(h(v["key"]), h(v["nonce"]), len(first_160)) == first_160
+
+
+# --- Poly1305 and secretbox -----------------------------------------------------------
+
+@pytest.mark.parametrize("v", cases(PRIMITIVES["poly1305"]))
+def test_poly1305(route, v):
+    assert c.poly1305(h(v["key"]), h(v["msg"])) == h(v["tag"])
+    assert c.poly1305(h(v["key"]), memoryview(h(v["msg"]))) == h(v["tag"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(key=st.binary(min_size=32, max_size=32), data=st.binary(max_size=100))
+def test_poly1305_routes_agree(key, data):
+    assert c.poly1305(key, data) == c._poly1305_pure(key, data)
+
+
+@pytest.mark.parametrize("v", cases(PRIMITIVES["secretbox"]))
+def test_secretbox_seal_and_open(route, v):
+    key, nonce, msg, box = h(v["key"]), h(v["nonce"]), h(v["msg"]), h(v["box"])
+    assert c.secretbox_seal(key, nonce, msg) == box
+    assert c.secretbox_open(key, nonce, box) == msg
+
+
+@pytest.mark.parametrize("v", cases(PRIMITIVES["secretbox"]))
+def test_secretbox_class_is_secretbox_with_a_counter_nonce(route, v):
+    """SecretBox(key, nonce[0:16]) with counter = BE64(nonce[16:24]) is the same box."""
+    key, nonce, msg, box = h(v["key"]), h(v["nonce"]), h(v["msg"]), h(v["box"])
+    counter = int.from_bytes(nonce[16:], "big")
+    sb = c.SecretBox(key, nonce[:16])
+    assert sb.nonce(counter) == nonce
+    assert sb.seal(counter, msg) == box
+    assert sb.open(counter, box) == msg
+    assert sb.open(counter, memoryview(bytearray(box))) == msg
+
+
+def test_secretbox_of_the_empty_packet():
+    sb = c.SecretBox(bytes(range(32)), bytes(16))
+    box = sb.seal(1, b"")
+    assert len(box) == 16 and sb.open(1, box) == b""
+
+
+@settings(max_examples=40, deadline=None)
+@given(packet=st.binary(max_size=1430), counter=st.integers(0, 2 ** 64 - 1))
+def test_secretbox_round_trip(packet, counter):
+    sb = c.SecretBox(b"\x11" * 32, b"\x22" * 16)
+    box = sb.seal(counter, packet)
+    assert len(box) == 16 + len(packet)
+    assert sb.open(counter, box) == packet
+    assert sb.seal(counter ^ 1, packet) != box                  # each counter its own stream
+
+
+@pytest.fixture
+def sealed():
+    sb = c.SecretBox(b"\x01" * 32, b"\x02" * 16)
+    return sb, sb.seal(7, bytes(range(200)))
+
+
+@pytest.mark.parametrize("bit", [0, 7, 8 * 15 + 7])
+def test_open_rejects_a_flipped_bit_in_the_tag(route, sealed, bit):
+    sb, box = sealed
+    damaged = bytearray(box)
+    damaged[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises(ValueError, match="bad tag"):
+        sb.open(7, bytes(damaged))
+
+
+@pytest.mark.parametrize("bit", [0, 8 * 16 + 3, 8 * 199 + 7])
+def test_open_rejects_a_flipped_bit_in_the_ciphertext(route, sealed, bit):
+    sb, box = sealed
+    damaged = bytearray(box)
+    damaged[16 + bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises(ValueError, match="bad tag"):
+        sb.open(7, bytes(damaged))
+
+
+def test_open_rejects_the_wrong_counter_key_and_prefix(sealed):
+    sb, box = sealed
+    for counter in (6, 8, 7 + 2 ** 32):
+        with pytest.raises(ValueError, match="bad tag"):
+            sb.open(counter, box)
+    with pytest.raises(ValueError, match="bad tag"):
+        c.SecretBox(b"\x03" * 32, b"\x02" * 16).open(7, box)
+    with pytest.raises(ValueError, match="bad tag"):
+        c.SecretBox(b"\x01" * 32, b"\x04" * 16).open(7, box)
+
+
+@pytest.mark.parametrize("length", [0, 1, 15])
+def test_open_rejects_a_box_shorter_than_a_tag(sealed, length):
+    sb, box = sealed
+    with pytest.raises(ValueError, match="bad tag"):
+        sb.open(7, box[:length])
+
+
+def test_secretbox_argument_errors():
+    with pytest.raises(ValueError):
+        c.SecretBox(bytes(31), bytes(16))
+    with pytest.raises(ValueError):
+        c.SecretBox(bytes(32), bytes(24))
+    sb = c.SecretBox(bytes(32), bytes(16))
+    for counter in (-1, 2 ** 64):
+        with pytest.raises(ValueError, match="64 bits"):
+            sb.seal(counter, b"x")
+
+
+# --- SipHash-2-4 ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("length", range(64))
+def test_siphash24_reference_vectors(length):
+    v = PRIMITIVES["siphash24"]
+    assert c.siphash24(h(v["key"]), bytes(range(length))) == h(v["digests_by_length"][length])
+
+
+def test_siphash24_paper_example_as_an_integer():
+    """The SipHash paper's appendix: 15-byte message, result 0xa129ca6149be45e5."""
+    digest = c.siphash24(bytes(range(16)), bytes(range(15)))
+    assert int.from_bytes(digest, "little") == 0xA129CA6149BE45E5
+
+
+# --- X25519 ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("v", cases(PRIMITIVES["x25519"]))
+def test_x25519(route, v):
+    assert c.x25519(h(v["scalar"]), h(v["u"])) == h(v["out"])
+    if v["u"] == "09" + "00" * 31:
+        assert c.x25519_base(h(v["scalar"])) == h(v["out"])
+
+
+# u of low order (and their non-canonical encodings), cr.yp.to/ecdh.html#validate
+X1 = 325606250916557431795983626356110631294008115727848805560023387167927233504
+X2 = 39382357235489614581723060781553021112529911719440698176882885853963445705823
+LOW_ORDER = [0, 1, X1, X2, P - 1, P, P + 1, 2 ** 255 + 1]   # (bit 255 is ignored)
+
+
+@pytest.mark.parametrize("u", LOW_ORDER)
+def test_x25519_low_order_u_gives_zeros(route, u):
+    """pycryptodome raises for these; the ladder gives 0. Either way: 32 zero bytes."""
+    u32 = (u % 2 ** 256).to_bytes(32, "little")
+    assert c.x25519(bytes(range(1, 33)), u32) == bytes(32)
+
+
+def test_x25519_ignores_bit_255_and_reduces_u(route):
+    v = cases(PRIMITIVES["x25519"])[0]
+    scalar, u = h(v["scalar"]), bytearray(h(v["u"]))
+    u[31] |= 0x80
+    assert c.x25519(scalar, bytes(u)) == h(v["out"])
+    nine_plus_p = (9 + P).to_bytes(32, "little")        # a non-canonical encoding of 9
+    assert c.x25519(scalar, nine_plus_p) == c._x25519_pure(scalar, c.X25519_BASE)
+
+
+def test_dirty_keys_agree_like_clean_ones(route):
+    """The torsion term changes no shared secret: the peer's clamped scalar kills it."""
+    draws = iter(hashlib.sha256(bytes([i])).digest() for i in range(100))
+    a_priv, a_u, _ = c.generate_keypair(lambda n: next(draws))
+    b_priv, b_u, _ = c.generate_keypair(lambda n: next(draws))
+    shared = c.x25519(a_priv, b_u)
+    assert shared == c.x25519(b_priv, a_u) != bytes(32)
+    assert shared == c.x25519(a_priv, c.x25519_base(b_priv))
+
+
+# --- hash DRBG, Go math/rand, close delay ---------------------------------------------
+
+@pytest.mark.parametrize("v", cases(DRBG["hash_drbg_go_compat"]))
+def test_hash_drbg_go_compat(v):
+    drbg = c.HashDrbg(h(v["seed"]))
+    assert [drbg.int63() for _ in v["int63_first3"]] == v["int63_first3"]
+
+
+def test_hash_drbg_blocks_and_masks():
+    v = DRBG["hash_drbg_blocks"]
+    drbg = c.HashDrbg(h(v["seed"]))
+    assert [drbg.next_block().hex() for _ in v["blocks"]] == v["blocks"]
+    drbg = c.HashDrbg(h(v["seed"]))
+    assert [drbg.mask16() for _ in v["blocks"]] == [int(b[:4], 16) for b in v["blocks"]]
+
+
+def test_hash_drbg_is_not_siphash_of_the_previous_block():
+    """Erratum 1: block 2 is SipHash(K, o_0 | o_1), not SipHash(K, o_1)."""
+    seed = h(DRBG["hash_drbg_blocks"]["seed"])
+    blocks = [h(b) for b in DRBG["hash_drbg_blocks"]["blocks"]]
+    assert blocks[0] == c.siphash24(seed[:16], seed[16:])
+    assert blocks[1] == c.siphash24(seed[:16], seed[16:] + blocks[0])
+    assert blocks[1] != c.siphash24(seed[:16], blocks[0])
+
+
+def test_hash_drbg_seed_length():
+    with pytest.raises(ValueError, match="24 bytes"):
+        c.HashDrbg(bytes(16))
+
+
+GO = DRBG["go_math_rand"]["seed_000102..17"]
+GO_SEED = bytes(range(24))
+
+
+def test_go_math_rand_streams():
+    drbg = c.HashDrbg(GO_SEED)
+    assert [drbg.int63() for _ in range(5)] == GO["int63_first5"]
+    drbg = c.HashDrbg(GO_SEED)
+    assert [drbg.next_block().hex() for _ in range(5)] == GO["next_block_first5"]
+    assert c.GoRand(c.HashDrbg(GO_SEED)).intn(60) == GO["fresh_intn60"]
+    rng = c.GoRand(c.HashDrbg(GO_SEED))
+    assert [rng.float64() for _ in range(3)] == GO["fresh_float64_first3"]
+    assert c.GoRand(c.HashDrbg(GO_SEED)).perm(10) == GO["fresh_perm10"]
+    rng = c.GoRand(c.HashDrbg(GO_SEED))
+    assert [rng.intn(n) for n in (7, 100, 1, 1448)] == GO["fresh_intn_sequence_7_100_1_1448"]
+
+
+class Scripted:
+    """A source whose Int63 values are given, to reach Go's rare branches."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def int63(self):
+        return self.values.pop(0)
+
+
+def test_go_int31n_rejects_values_above_the_limit():
+    """n = 3: limit = (2^31 - 1) - 2^31 mod 3 = 2^31 - 3; Int31 = 2^31 - 1 is redrawn."""
+    rng = c.GoRand(Scripted([(2 ** 31 - 1) << 32, (2 ** 31 - 3) << 32, 5 << 32]))
+    assert rng.int31n(3) == (2 ** 31 - 3) % 3
+    assert rng.int31n(3) == 2
+
+
+def test_go_int31n_power_of_two_masks_and_float64_redraws_one():
+    assert c.GoRand(Scripted([(2 ** 31 - 1) << 32])).int31n(8) == 7
+    # float(2^63 - 1) rounds to 2^63, so Float64 would be 1.0: Go draws again
+    assert c.GoRand(Scripted([2 ** 63 - 1, 2 ** 62])).float64() == 0.5
+    with pytest.raises(ValueError):
+        c.GoRand(Scripted([])).intn(0)
+
+
+@pytest.mark.parametrize("v", cases(DRBG["close_delay_verified_live"]))
+def test_close_delay_verified_live(v):
+    assert c.close_delay(h(v["drbg_seed"])) == v["close_delay_s"]
+
+
+def test_close_delay_derived():
+    assert c.close_delay(GO_SEED) == GO["fresh_intn60"]
+
+
+# --- weighted tables ------------------------------------------------------------------
+
+TABLES = (cases(DRBG["length_tables"]) + cases(DRBG["iat_tables"])
+          + cases(DRBG["biased_table_example"]))
+
+
+@pytest.mark.parametrize("v", TABLES, ids=lambda v: v["seed"][-8:] + ("-biased" if v["biased"] else ""))
+def test_weighted_tables(v):
+    dist = c.WeightedDist(h(v["seed"]), v["min"], v["max"], v["biased"])
+    assert len(dist.values) == v["n"]
+    assert dist.values == v["values"]
+    assert dist.weights == v["weights"]
+    assert dist.prob == v["prob"]
+    assert dist.alias == v["alias"]
+
+
+def test_iat_table_seed_is_sha256_of_the_drbg_seed():
+    v = cases(DRBG["iat_tables"])[0]
+    assert h(v["seed"]) == hashlib.sha256(h(v["derived_from_drbg_seed"])).digest()[:24]
+
+
+@pytest.mark.parametrize("v", cases(DRBG["length_tables"])[:2], ids=["13 values", "3 values"])
+def test_sample_picks_the_index_or_its_alias(v):
+    dist = c.WeightedDist(h(v["seed"]), v["min"], v["max"])
+    for i, (prob, alias) in enumerate(zip(v["prob"], v["alias"])):
+        own, other = v["min"] + v["values"][i], v["min"] + v["values"][alias]
+        assert dist.sample(constant(i), constant(0.0)) == own
+        assert dist.sample(constant(i), constant(prob)) == own           # c == prob[i]: own
+        if prob < 1.0:
+            above = prob + (1.0 - prob) / 2
+            assert dist.sample(constant(i), constant(above)) == other
+
+
+def constant(value):
+    return lambda *args: value
+
+
+def test_sample_follows_the_weights():
+    """Vose's tables must reproduce w_i / sum(w); 30 000 seeded draws, 4 sigma."""
+    v = cases(DRBG["length_tables"])[0]
+    dist = c.WeightedDist(h(v["seed"]), v["min"], v["max"])
+    rng = random.Random(1)
+    draws = 30000
+    counts = {}
+    for _ in range(draws):
+        value = dist.sample(rng.randrange, rng.random)
+        counts[value] = counts.get(value, 0) + 1
+    total = sum(v["weights"])
+    assert set(counts) == set(v["values"])
+    for value, weight in zip(v["values"], v["weights"]):
+        p = weight / total
+        assert abs(counts[value] - draws * p) < 4 * (draws * p * (1 - p)) ** 0.5, value
+
+
+def test_sample_defaults_to_the_csprng():
+    dist = c.WeightedDist(GO_SEED, 0, 1448)
+    assert {dist.sample() for _ in range(300)} <= set(dist.values)
+
+
+# --- Elligator2 and the dirty keys ----------------------------------------------------
+
+def le(hex32):
+    return int.from_bytes(h(hex32), "little")
+
+
+def test_constants():
+    k = ELLIGATOR["constants"]
+    assert k["A"] == c.A and k["non_square_Z"] == 2 and not c._is_square(2)
+    assert le(k["sqrt_minus_1"]) == c.SQRT_M1 and c.SQRT_M1 ** 2 % P == P - 1
+    assert le(k["minus_2"]) == -2 % P
+    assert le(k["lop_x"]) == c.LOP_X and le(k["lop_y"]) == c.LOP_Y
+    assert le(k["edwards_d"]) == c.D
+    assert le(k["ed25519_base_x"]) == c.ED_GX and le(k["ed25519_base_y"]) == c.ED_GY
+
+
+@pytest.mark.parametrize("v", cases(ELLIGATOR["direct_map"]))
+def test_elligator2_direct_map(v):
+    assert c.elligator2_direct(h(v["representative"])) == h(v["u"])
+
+
+TWEAKED = [(v["u"], int(key[len("tweak_"):], 16), r)
+           for v in cases(ELLIGATOR["inverse_map"]) for key, r in v.items() if key.startswith("tweak_")]
+
+
+@pytest.mark.parametrize("u, tweak, representative", TWEAKED)
+def test_elligator2_inverse_map(u, tweak, representative):
+    assert c.elligator2_inverse(h(u), tweak) == h(representative)
+    assert c.elligator2_direct(h(representative)) == h(u)
+
+
+@pytest.mark.parametrize("u", ELLIGATOR["inverse_map"]["u_without_representative"])
+def test_elligator2_u_without_representative(u):
+    for tweak in (0, 1, 0x40, 0xC1, 0xFF):
+        assert c.elligator2_inverse(h(u), tweak) is None
+
+
+def test_elligator2_inverse_reads_u_like_x25519():
+    """Bit 255 ignored, u reduced mod p (as RFC 7748 reads u)."""
+    u, tweak, representative = TWEAKED[0]
+    top_bit = bytearray(h(u))
+    top_bit[31] |= 0x80
+    assert c.elligator2_inverse(bytes(top_bit), tweak) == h(representative)
+    assert c.elligator2_inverse((1 + P).to_bytes(32, "little"), 0) == c.elligator2_inverse(
+        (1).to_bytes(32, "little"), 0)
+
+
+def test_elligator2_argument_errors():
+    with pytest.raises(ValueError, match="32 bytes"):
+        c.elligator2_direct(bytes(31))
+    with pytest.raises(ValueError, match="32 bytes"):
+        c.dirty_public_key(bytes(33))
+
+
+def on_curve(x, y):
+    return (-x * x + y * y - 1 - c.D * x * x * y * y) % P == 0
+
+
+def test_torsion_points():
+    points = ELLIGATOR["torsion_points"]["points"]
+    assert [(le(p["x"]), le(p["y"])) for p in points] == c.TORSION
+    assert len(set(c.TORSION)) == 8
+    for x, y in c.TORSION:
+        assert on_curve(x, y)
+        eight = c._ed_mul(c._ed_point(x, y), 8)
+        assert eight[0] == 0 and eight[1] == eight[2]            # 8·T is the identity
+    one = c._ed_mul(c._ed_point(c.LOP_X, c.LOP_Y), 4)
+    assert one[1] != one[2]                                       # T[1] has order exactly 8
+
+
+@pytest.mark.parametrize("v", cases(ELLIGATOR["dirty_keypairs"]),
+                         ids=lambda v: "torsion %d" % v["torsion_index_priv0_and_7"])
+def test_dirty_keypairs(route, v):
+    digest = hashlib.sha512(h(v["csprng_input32"])).digest()
+    priv, tweak = digest[:32], digest[63]
+    assert priv == h(v["priv32_sha512_first_half"]) and tweak == v["tweak_sha512_byte63"]
+    assert priv[0] & 7 == v["torsion_index_priv0_and_7"]
+    assert c.dirty_public_key(priv) == h(v["dirty_u"])
+    assert c.x25519_base(priv) == h(v["clean_u_x25519_base"])
+    assert (h(v["dirty_u"]) == h(v["clean_u_x25519_base"])) == (priv[0] & 7 == 0)
+    assert c.elligator2_inverse(h(v["dirty_u"]), tweak) == h(v["representative"])
+    assert c.elligator2_direct(h(v["representative"])) == h(v["dirty_u"])
+
+
+@pytest.mark.parametrize("v", cases(ELLIGATOR["research_inverse_vectors"]), ids=lambda v: str(v["tweak"]))
+def test_research_inverse_vectors(route, v):
+    priv = h(v["priv32(unclamped)"])
+    assert priv[0] & 7 == v["low3bits_of_priv0"]
+    assert c.dirty_public_key(priv) == h(v["dirty_u"])
+    assert c.x25519_base(priv) == h(v["clean_u(X25519 base)"])
+    assert c.elligator2_inverse(h(v["dirty_u"]), v["tweak"]) == h(v["representative"])
+
+
+def test_keypair_generation_with_rejected_draws(route):
+    attempts = ELLIGATOR["keypair_generation"]["attempts"]
+    draws = [h(a["csprng_input32"]) for a in attempts]
+    for a in attempts:
+        digest = hashlib.sha512(h(a["csprng_input32"])).digest()
+        assert digest[:32] == h(a["priv32"]) and digest[63] == a["tweak"]
+        assert c.dirty_public_key(h(a["priv32"])) == h(a["dirty_u"])
+        representative = c.elligator2_inverse(h(a["dirty_u"]), a["tweak"])
+        assert representative == (a["representative"] and h(a["representative"]))
+
+    asked = []
+
+    def randbytes(n):
+        asked.append(n)
+        return draws[len(asked) - 1]
+    last = attempts[-1]
+    assert c.generate_keypair(randbytes) == (h(last["priv32"]), h(last["dirty_u"]),
+                                             h(last["representative"]))
+    assert asked == [32] * len(attempts)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.binary(min_size=32, max_size=32))
+def test_generated_keys_decode_to_their_u(seed):
+    draws = iter(hashlib.sha256(seed + bytes([i])).digest() for i in range(200))
+    priv, u, representative = c.generate_keypair(lambda n: next(draws))
+    assert c.elligator2_direct(representative) == u == c.dirty_public_key(priv)
+    assert len(priv) == len(u) == len(representative) == 32
+
+
+def test_generate_keypair_uses_the_csprng_by_default():
+    keys = {c.generate_keypair()[2] for _ in range(4)}
+    assert len(keys) == 4
+    assert {r[31] >> 6 for r in keys} <= {0, 1, 2, 3}
+
+
+# --- the route choice -----------------------------------------------------------------
+
+def test_routes_are_named():
+    assert c.POLY1305_ROUTE in ("pycryptodome Poly1305_MAC", "pure Python")
+    assert c.X25519_ROUTE in ("pycryptodome Crypto.Protocol.DH", "pure Python")
+    assert c.EDWARDS_ROUTE in ("pycryptodome EccPoint", "pure Python")
+    assert (c.poly1305 is c._poly1305_pure) == (c.POLY1305_ROUTE == "pure Python")
+    assert (c.x25519 is c._x25519_pure) == (c.X25519_ROUTE == "pure Python")
+    assert (c._dirty_u is c._dirty_u_pure) == (c.EDWARDS_ROUTE == "pure Python")
+
+
+def test_the_fast_routes_run_wherever_pycryptodome_has_them():
+    """A fast route that exists but fails its self-test falls back silently (correct, but
+    2-10x slower): with the pycryptodome this project pins, all three must be chosen."""
+    if c._Poly1305_MAC is not None:
+        assert c.POLY1305_ROUTE == "pycryptodome Poly1305_MAC"
+    if c._DH is not None:
+        assert c.X25519_ROUTE == "pycryptodome Crypto.Protocol.DH"
+    if c._dirty_u_pycryptodome is not c._dirty_u_unavailable:
+        assert c.EDWARDS_ROUTE == "pycryptodome EccPoint"
+
+
+def test_a_fast_route_that_answers_wrong_or_breaks_is_not_used():
+    answers = c._POLY1305_ANSWERS
+    right = lambda key, data: c._poly1305_pure(key, data)
+    wrong = lambda key, data: bytes(16)
+
+    def raises(key, data):
+        raise TypeError("another signature")
+    assert c._choose(right, "fast", c._poly1305_pure, answers) == (right, "fast")
+    assert c._choose(wrong, "fast", c._poly1305_pure, answers) == (c._poly1305_pure, "pure Python")
+    assert c._choose(raises, "fast", c._poly1305_pure, answers) == (c._poly1305_pure, "pure Python")
+    assert c._choose(None, "fast", c._poly1305_pure, answers) == (c._poly1305_pure, "pure Python")
+    assert c._choose(c._dirty_u_unavailable, "fast", c._dirty_u_pure,
+                     c._EDWARDS_ANSWERS) == (c._dirty_u_pure, "pure Python")
+
+
+def test_the_embedded_self_test_answers_are_the_vectors():
+    """The import-time known answers are copies of shared vectors; keep them in step."""
+    rfc8439 = cases(PRIMITIVES["poly1305"])[0]
+    assert c._POLY1305_ANSWERS[0] == ((h(rfc8439["key"]), h(rfc8439["msg"])), h(rfc8439["tag"]))
+    x = cases(PRIMITIVES["x25519"])[0]
+    assert c._X25519_ANSWERS[0] == ((h(x["scalar"]), h(x["u"])), h(x["out"]))
+    dirty = {v["priv32_sha512_first_half"]: v["dirty_u"] for v in cases(ELLIGATOR["dirty_keypairs"])}
+    for (priv,), u in c._EDWARDS_ANSWERS:
+        assert dirty[priv.hex()] == u.hex()
