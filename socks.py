@@ -1,26 +1,78 @@
-"""The server side of SOCKS4, SOCKS4a and SOCKS5 (RFC 1928, RFC 1929), sans-IO.
+r"""SOCKS4, SOCKS4a and SOCKS5 (RFC 1928, RFC 1929), sans-IO: the server side,
+and the client side's messages, so that every SOCKS byte is written here.
 
-Only CONNECT. Feed the client's bytes to ``SocksServer.receive``; it returns
-the bytes to send back (method choice, authentication status) and, once the
-request is complete, sets ``request``. Bytes the client sent after its request
-(pipelined application data) are in ``request.trailing``. The caller then
-connects and sends ``reply(SUCCEEDED)`` or ``reply(<failure code>)``.
+Server side: only CONNECT. Feed the client's bytes to ``SocksServer.receive``;
+it returns the bytes to send back (method choice, authentication status) and,
+once the request is complete, sets ``request``. Bytes the client sent after its
+request (pipelined application data) are in ``request.trailing``. The caller
+then connects and sends ``reply(SUCCEEDED)`` or ``reply(<failure code>)``.
+
+Client side (the outgoing-proxy client, tests): ``socks5_greeting``,
+``socks5_userpass``, ``socks5_connect``, ``socks4a_connect`` build messages;
+``socks5_reply_length`` says how much of a SOCKS5 reply is still to be read.
 
 Messages, as they appear on the wire::
 
-    SOCKS4   VN=04 CD=01 DSTPORT(2) DSTIP(4) USERID... 00
-    SOCKS4a  VN=04 CD=01 DSTPORT(2) 0.0.0.x    USERID... 00 HOST... 00
-    SOCKS5   greeting  VER=05 NMETHODS METHODS...
-             userpass  VER=01 ULEN UNAME PLEN PASSWD           (RFC 1929)
+    SOCKS4   request   VN=04 CD=01 DSTPORT(2) DSTIP(4) USERID... 00
+    SOCKS4a  request   VN=04 CD=01 DSTPORT(2) 0.0.0.x  USERID... 00 HOST... 00   (x != 0)
+             reply     VN=00 CD=5A|5B DSTPORT(2) DSTIP(4)
+    SOCKS5   greeting  VER=05 NMETHODS METHODS...                 -> VER=05 METHOD
+             userpass  VER=01 ULEN UNAME PLEN PASSWD (RFC 1929)   -> VER=01 STATUS
              request   VER=05 CMD RSV=00 ATYP DST.ADDR DST.PORT(2)
+             reply     VER=05 REP RSV=00 ATYP BND.ADDR BND.PORT(2)
+             ATYP 01: 4-byte IPv4 | 03: LEN(1) and LEN bytes of name | 04: 16-byte IPv6
 
+Every split gives the same answer
+---------------------------------
+A sans-IO parser must not care how the bytes were cut into reads. The outcome
+(the request, the replies, the error and its message) is a function of the
+byte string alone. A message is judged once it is complete, except for what
+its first bytes decide by themselves (a version byte, a SOCKS5 ATYP, a SOCKS4
+USERID or host name that has grown past its limit before its NUL), and every
+check is made in the order the bytes arrive, also when the whole message is
+there at once. So a 1,030-byte USERID is "too long" whether its NUL came in
+the same read or not, even when it is not UTF-8 either.
+
+What is refused, and with which reply
+-------------------------------------
+=====================================  ===================  ======================
+the client sends                       SOCKS5 reply         SOCKS4 reply
+=====================================  ===================  ======================
+first byte neither 04 nor 05           nothing (not SOCKS)  nothing
+no method we support                   05 FF                --
+bad per-connection arguments           01 01 (RFC 1929)     5B
+a command other than CONNECT           REP=07               5B
+an unknown ATYP                        REP=08               --
+a host name that cannot be one         REP=01               5B
+USERID > 1024 bytes, name > 255 bytes  --                   5B
+target port 0                          REP=01               5B
+=====================================  ===================  ======================
+
+A target host name (SOCKS5 ATYP 03, the SOCKS4a HOST) is passed on to
+``connect()``, to an outgoing SOCKS proxy and into an HTTP ``CONNECT`` request
+head, so a name with CR or LF would inject header lines there. A name is
+accepted only when ``is_valid_hostname`` says so: valid UTF-8, 1..255 bytes,
+made of ASCII letters, digits, ``-``, ``.``, ``_`` and non-ASCII letters,
+combining marks and digits (IDNA-style names); never a control character,
+space, ``@``, ``/``, ``:``, ``%``... The refusal uses REP=01 (general failure),
+not 08 (address type not supported): the type, a domain name, is supported;
+08 would tell the client to retry the same target as another type. Port 0 is
+refused the same way: no one can connect to it, so the request is an error.
+
+Per-connection arguments
+------------------------
 Tor passes per-connection transport arguments (pt-spec 3.5) as the SOCKS5
 username+password or as the SOCKS4 USERID: ``k=v;k=v`` with backslash escaping
-``\\``, ``;`` and ``=``. ``parse_args`` decodes them.
+``\``, ``;`` and ``=``. ``parse_args`` decodes them; it is also the parser of
+every other ``k=v;k=v`` string of the program, and ``split_escaped`` is the
+splitting step under it (TOR_PT_SERVER_TRANSPORT_OPTIONS).
 """
 
 import ipaddress
+import re
+import string
 import struct
+import unicodedata
 
 SOCKS4_VERSION = 4
 SOCKS5_VERSION = 5
@@ -55,7 +107,14 @@ ADDRESS_TYPE_NOT_SUPPORTED = 0x08
 SOCKS4_GRANTED = 0x5A
 SOCKS4_REJECTED = 0x5B
 
-MAX_SOCKS4_FIELD = 1024  # USERID and HOST: a bound, so a client cannot make us buffer forever
+MAX_SOCKS4_FIELD = 1024  # USERID: a bound, so a client cannot make us buffer forever
+MAX_HOSTNAME = 255       # bytes: what SOCKS5's LEN byte can carry, and DNS's own limit
+
+# The characters of a host name, beyond ASCII letters, digits, "-", "." and "_":
+# non-ASCII letters, combining marks and decimal digits (Unicode categories), as
+# in internationalised (IDNA) names.
+_HOSTNAME_ASCII = frozenset(string.ascii_letters + string.digits + "-._")
+_HOSTNAME_CATEGORIES = frozenset(["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd"])
 
 
 class SocksError(Exception):
@@ -75,8 +134,8 @@ class Request:
 
     def __init__(self, version, host, port, args, trailing):
         self.version = version    # 4 or 5 (4a is version 4 with a host name)
-        self.host = host          # str: dotted IPv4, IPv6, or a domain name
-        self.port = port
+        self.host = host          # str: dotted IPv4, IPv6, or a name is_valid_hostname accepts
+        self.port = port          # 1..65535
         self.args = args          # dict of per-connection arguments (pt-spec 3.5)
         self.trailing = trailing  # bytes the client sent after the request
 
@@ -85,43 +144,233 @@ class Request:
                                                   sorted(self.args))
 
 
-def parse_args(text):
-    """Decode pt-spec 3.5 arguments: ``k=v;k=v``, ``\\`` escapes ``\\ ; =``.
+# --- k=v;k=v strings ----------------------------------------------------------------
 
-    Raises ValueError on a pair without ``=``, an empty key or a dangling
-    backslash.
+def split_escaped(text, separator):
+    r"""Split ``text`` at each ``separator`` that no backslash escapes.
+
+    The parts keep their escapes (``unescape`` removes them), so a later split
+    of a part at another separator still sees them, and joining the parts with
+    ``separator`` gives ``text`` back. A backslash escapes the one character
+    after it, whatever it is; a lone backslash at the end is a ValueError::
+
+        split_escaped(r"obfs2:shared-secret=a\;b;x:k=v", ";")
+            -> ["obfs2:shared-secret=a\;b", "x:k=v"]
+    """
+    parts, current, i = [], [], 0
+    while i < len(text):
+        if text[i] == "\\":
+            if i + 1 == len(text):
+                raise ValueError("%r ends in a lone backslash" % text)
+            current.append(text[i:i + 2])
+            i += 2
+            continue
+        if text[i] == separator:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(text[i])
+        i += 1
+    parts.append("".join(current))
+    return parts
+
+
+def unescape(text):
+    r"""Drop each escaping backslash: ``a\;b\\c`` -> ``a;b\c``."""
+    return re.sub(r"\\(.)", r"\1", text, flags=re.DOTALL)
+
+
+def parse_args(text):
+    r"""Decode pt-spec 3.5 arguments: ``k=v;k=v``, where ``\`` escapes ``\ ; =``.
+
+    The first unescaped ``=`` of a pair ends its key: ``k=a=b`` is k -> "a=b"
+    (tor escapes only ``\`` and ``;``). ``""`` is no arguments at all.
+
+    Raises ValueError on a pair without ``=``, an empty key, a lone trailing
+    backslash, and an empty pair, so also on a trailing ``;`` (``a=1;``) and
+    on ``a=1;;b=2``: obfs4proxy 0.0.14 refuses those (RFC 1929 ``01 01``,
+    seen live), and we match it, so that a bridge line that works with one
+    client works with the other. One leniency is kept on purpose: a needless
+    escape (``\x``) is the character itself, which obfs4proxy refuses: the
+    ``k=v`` parts of TOR_PT_SERVER_TRANSPORT_OPTIONS may escape ``:`` too.
     """
     args = {}
     if not text:
         return args
-    pairs, current, escaped = [], [], False
-    for ch in text:
-        if escaped:
-            current.append("\\" + ch)
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == ";":
-            pairs.append(current)
-            current = []
-        else:
-            current.append(ch)
-    if escaped:
-        raise ValueError("argument string ends in a lone backslash")
-    pairs.append(current)
-    for tokens in pairs:
-        if not tokens:
-            continue
-        if "=" not in tokens:  # only an unescaped "=" is a bare token
-            raise ValueError("argument %r has no '='" % "".join(tokens))
-        split = tokens.index("=")
-        key = "".join(t[-1] for t in tokens[:split])
-        value = "".join(t[-1] for t in tokens[split + 1:])
+    for pair in split_escaped(text, ";"):
+        if not pair:
+            raise ValueError("empty argument in %r (a stray ';')" % text)
+        key, *value = split_escaped(pair, "=")
+        if not value:
+            raise ValueError("argument %r has no '='" % unescape(pair))
         if not key:
             raise ValueError("argument with an empty key")
-        args[key] = value
+        args[unescape(key)] = unescape("=".join(value))
     return args
 
+
+# --- Host names and ports -------------------------------------------------------------
+
+def _hostname_problem(name):
+    """Why ``name`` (str) can never be a host name, or None when it can be one."""
+    if not name:
+        return "it is empty"
+    for ch in name:
+        if ch not in _HOSTNAME_ASCII and (
+                ch < "\x80" or unicodedata.category(ch) not in _HOSTNAME_CATEGORIES):
+            return "it contains %r" % ch
+    if len(name.encode("utf-8")) > MAX_HOSTNAME:
+        return "it is longer than %d bytes" % MAX_HOSTNAME
+    return None
+
+
+def is_valid_hostname(text):
+    """True when ``text`` (a str) may be a host name: 1..255 bytes of UTF-8,
+    only ASCII letters, digits, ``-``, ``.``, ``_`` and non-ASCII letters,
+    marks and digits. Never CR, LF, NUL, space, ``@``, ``/``, ``:``...
+
+    Outgoing code checks again with this before a name reaches any request.
+    An IP literal is no host name by this rule when it has a ``:`` (IPv6).
+    """
+    return isinstance(text, str) and _hostname_problem(text) is None
+
+
+def _ip_literal(host):
+    """The IPv4/IPv6 address ``host`` spells, or None. A scoped IPv6 address
+    (``fe80::1%eth0``) is none: SOCKS cannot carry the scope."""
+    if "%" in host:
+        return None
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _is_socks4a_marker(dstip):
+    """SOCKS4a: a DSTIP of 0.0.0.x with x != 0 means "a host name follows the USERID"."""
+    return dstip[:3] == b"\0\0\0" and dstip[3] != 0
+
+
+def _check_port(port):
+    if not 1 <= port <= 0xFFFF:
+        raise ValueError("port %r is not 1..65535" % (port,))
+
+
+def _encoded_hostname(host):
+    """The UTF-8 bytes of a host name for a request; ValueError when it cannot be one."""
+    problem = _hostname_problem(host)
+    if problem:
+        raise ValueError("%r is not a host name: %s" % (host, problem))
+    return host.encode("utf-8")
+
+
+# --- Client side: the messages we send to a SOCKS server ------------------------------
+
+def socks5_greeting(methods):
+    """The method offer (RFC 1928 section 3)::
+
+        VER=05 NMETHODS(1) METHODS[NMETHODS]     (NMETHODS is 1..255)
+
+    ``methods``: method numbers, e.g. ``[METHOD_NO_AUTH, METHOD_USERPASS]``.
+    """
+    methods = bytes(list(methods))
+    if not 1 <= len(methods) <= 255:
+        raise ValueError("a SOCKS5 greeting offers 1..255 methods, not %d" % len(methods))
+    return bytes([SOCKS5_VERSION, len(methods)]) + methods
+
+
+def socks5_userpass(user, password):
+    """Username/password authentication (RFC 1929 section 2)::
+
+        VER=01 ULEN(1) UNAME[ULEN] PLEN(1) PASSWD[PLEN]    (ULEN, PLEN are 1..255)
+
+    ``user`` and ``password`` are bytes; the RFC allows neither to be empty.
+    """
+    user, password = bytes(user), bytes(password)
+    for what, field in (("username", user), ("password", password)):
+        if not 1 <= len(field) <= 255:
+            raise ValueError("an RFC 1929 %s is 1..255 bytes, not %d" % (what, len(field)))
+    return bytes([USERPASS_VERSION, len(user)]) + user + bytes([len(password)]) + password
+
+
+def socks5_connect(host, port):
+    """A CONNECT request (RFC 1928 section 4)::
+
+        VER=05 CMD=01 RSV=00 ATYP(1) DST.ADDR DST.PORT(2)
+        ATYP=01  DST.ADDR = 4 bytes          (host is an IPv4 literal)
+        ATYP=04  DST.ADDR = 16 bytes         (host is an IPv6 literal)
+        ATYP=03  DST.ADDR = LEN(1) NAME[LEN] (anything else: a host name, UTF-8)
+
+    ValueError for a port outside 1..65535 and for a name that
+    ``is_valid_hostname`` refuses (so also one longer than 255 bytes).
+    """
+    _check_port(port)
+    address = _ip_literal(host)
+    if address is None:
+        name = _encoded_hostname(host)
+        destination = bytes([ATYP_DOMAIN, len(name)]) + name
+    else:
+        destination = bytes([ATYP_IPV4 if address.version == 4 else ATYP_IPV6]) + address.packed
+    return bytes([SOCKS5_VERSION, CMD_CONNECT, 0]) + destination + struct.pack("!H", port)
+
+
+def socks4a_connect(host, port, userid=b""):
+    """A SOCKS4 CONNECT for an IPv4 literal, otherwise a SOCKS4a one::
+
+        VN=04 CD=01 DSTPORT(2) DSTIP(4) USERID 00                (host is IPv4)
+        VN=04 CD=01 DSTPORT(2) 0.0.0.1  USERID 00 HOST 00        (host is a name)
+
+    An address 0.0.0.x (x != 0) goes as a name: as DSTIP it would mean "a name follows".
+
+    ``userid`` is bytes without NUL. ValueError for an IPv6 literal (SOCKS4
+    cannot carry it), a bad port, or a name ``is_valid_hostname`` refuses.
+    """
+    _check_port(port)
+    userid = bytes(userid)
+    if b"\0" in userid:
+        raise ValueError("a SOCKS4 USERID cannot contain NUL")
+    head = struct.pack("!BBH", SOCKS4_VERSION, CMD_CONNECT, port)
+    address = _ip_literal(host)
+    if address is not None and address.version != 4:
+        raise ValueError("SOCKS4a cannot carry the IPv6 address %s" % host)
+    if address is None or _is_socks4a_marker(address.packed):
+        return head + b"\0\0\0\1" + userid + b"\0" + _encoded_hostname(host) + b"\0"
+    return head + address.packed + userid + b"\0"
+
+
+def socks5_reply_length(head):
+    """How many bytes of a SOCKS5 reply are still to be read after ``head``,
+    the reply's first bytes (at least VER REP RSV ATYP; 0 = the reply is complete)::
+
+        VER REP RSV ATYP | BND.ADDR (4, 16, or LEN(1) NAME[LEN]) | BND.PORT(2)
+
+    For ATYP=03 the length lies in the 5th byte: with only 4 bytes this
+    returns 1 (read LEN, then ask again). Reading exactly this many bytes
+    matters: what follows the reply is the tunnel's data. ValueError on an
+    unknown ATYP::
+
+        reply = read(4)
+        while socks5_reply_length(reply):
+            reply += read(socks5_reply_length(reply))
+    """
+    head = bytes(head)
+    if len(head) < 4:
+        raise ValueError("a SOCKS5 reply starts with 4 bytes, not %d" % len(head))
+    atyp = head[3]
+    if atyp == ATYP_IPV4:
+        total = 4 + 4 + 2
+    elif atyp == ATYP_IPV6:
+        total = 4 + 16 + 2
+    elif atyp == ATYP_DOMAIN:
+        if len(head) < 5:
+            return 5 - len(head)
+        total = 5 + head[4] + 2
+    else:
+        raise ValueError("SOCKS5 reply with unknown address type %d" % atyp)
+    return max(total - len(head), 0)
+
+
+# --- Server side ---------------------------------------------------------------------
 
 def _socks5_reply(code, host="0.0.0.0", port=0):
     """VER=05 REP RSV=00 ATYP BND.ADDR BND.PORT"""
@@ -145,6 +394,12 @@ class SocksServer:
     including the answers to earlier messages that came in the same chunk.
     ``reply(code, host, port)`` formats the final answer for the version the
     client spoke (SOCKS4 maps every failure to 5B).
+
+    States (``_step``)::
+
+        _version --04--> _socks4_request ----------------------------> request
+                 --05--> _socks5_greeting --02--> _socks5_userpass --> _socks5_request --> request
+                                          --00------------------------^
     """
 
     def __init__(self):
@@ -178,7 +433,9 @@ class SocksServer:
         return _socks5_reply(code, host, port)
 
     # Each step consumes one message from the buffer and returns the bytes to
-    # send (possibly b""), or None when the message is not complete yet.
+    # send (possibly b""), or None when the message is not complete yet. A step
+    # judges only a complete message or a field already past its limit, so the
+    # outcome never depends on how the bytes were split.
 
     def _fail(self, message, code):
         raise SocksError(message, self.reply(code))
@@ -198,33 +455,39 @@ class SocksServer:
         self.version = version
         return b""
 
+    def _nul_terminated(self, start, limit, what):
+        """The field from ``start`` to the next NUL, and the offset after the NUL;
+        (None, None) while the NUL has not come. A field longer than ``limit``
+        is refused as soon as that many bytes have come, NUL or not."""
+        end = self._buffer.find(b"\0", start)
+        if (len(self._buffer) if end < 0 else end) - start > limit:
+            self._fail("%s is longer than %d bytes" % (what, limit), GENERAL_FAILURE)
+        if end < 0:
+            return None, None
+        return bytes(self._buffer[start:end]), end + 1
+
     def _socks4_request(self):
         # VN=04 CD DSTPORT(2) DSTIP(4) USERID NUL [HOST NUL]
-        if len(self._buffer) < 9:
+        if len(self._buffer) < 8:
+            return None
+        userid, consumed = self._nul_terminated(8, MAX_SOCKS4_FIELD, "SOCKS4 USERID")
+        if userid is None:
             return None
         cd, port, ip = struct.unpack("!xBH4s", self._buffer[:8])
-        end = self._buffer.find(b"\0", 8)
-        if end < 0:
-            if len(self._buffer) > 8 + MAX_SOCKS4_FIELD:
-                self._fail("SOCKS4 USERID too long", GENERAL_FAILURE)
-            return None
-        userid = bytes(self._buffer[8:end])
-        consumed = end + 1
-        if ip[:3] == b"\0\0\0" and ip[3] != 0:  # SOCKS4a: a host name follows
-            host_end = self._buffer.find(b"\0", consumed)
-            if host_end < 0:
-                if len(self._buffer) > consumed + MAX_SOCKS4_FIELD:
-                    self._fail("SOCKS4a host name too long", GENERAL_FAILURE)
+        socks4a = _is_socks4a_marker(ip)
+        if socks4a:
+            raw_host, consumed = self._nul_terminated(consumed, MAX_HOSTNAME, "SOCKS4a host name")
+            if raw_host is None:
                 return None
-            host = self._decode(self._buffer[consumed:host_end], "SOCKS4a host name")
-            if not host:
-                self._fail("empty SOCKS4a host name", GENERAL_FAILURE)
-            consumed = host_end + 1
-        else:
-            host = str(ipaddress.IPv4Address(ip))
+        # The message is complete.
         if cd != CMD_CONNECT:
             self._fail("SOCKS4 command %d is not supported (CONNECT only)" % cd,
                        COMMAND_NOT_SUPPORTED)
+        if socks4a:
+            host = self._hostname(raw_host, "SOCKS4a host name")
+        else:
+            host = str(ipaddress.IPv4Address(ip))
+        self._check_target_port(port)
         args = self._parse_args(userid, self.reply(GENERAL_FAILURE))
         self._finish(host, port, args, consumed)
         return b""
@@ -290,24 +553,33 @@ class SocksServer:
                        ADDRESS_TYPE_NOT_SUPPORTED)
         if len(b) < end + 2:
             return None
+        # The message is complete.
         if cmd != CMD_CONNECT:
             self._fail("SOCKS5 command %d is not supported (CONNECT only)" % cmd,
                        COMMAND_NOT_SUPPORTED)
         if atyp == ATYP_DOMAIN:
-            host = self._decode(b[5:end], "SOCKS5 domain name")
-            if not host:
-                self._fail("empty SOCKS5 domain name", GENERAL_FAILURE)
+            host = self._hostname(bytes(b[5:end]), "SOCKS5 domain name")
         else:
             host = str(ipaddress.ip_address(bytes(b[4:end])))
         port = struct.unpack("!H", b[end:end + 2])[0]
+        self._check_target_port(port)
         self._finish(host, port, self._args, end + 2)
         return b""
 
-    def _decode(self, raw, what):
+    def _hostname(self, raw, what):
+        """A target host name from the wire, or a refusal (see the module docstring)."""
         try:
-            return bytes(raw).decode("ascii")
+            name = raw.decode("utf-8")
         except UnicodeDecodeError:
-            self._fail("%s is not ASCII" % what, GENERAL_FAILURE)
+            self._fail("%s %r is not UTF-8" % (what, raw), GENERAL_FAILURE)
+        problem = _hostname_problem(name)
+        if problem:
+            self._fail("%s %r is not a host name: %s" % (what, name, problem), GENERAL_FAILURE)
+        return name
+
+    def _check_target_port(self, port):
+        if port == 0:
+            self._fail("target port 0: nothing can be reached there", GENERAL_FAILURE)
 
     def _parse_args(self, raw, failure_reply):
         """pt-spec 3.5 arguments from the SOCKS4 USERID or the SOCKS5

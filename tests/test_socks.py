@@ -1,13 +1,17 @@
-"""Tests for socks.py: SOCKS4/4a/5 server side, sans-IO.
+"""Tests for socks.py: SOCKS4/4a/5 server side and client-side messages, sans-IO.
 
 Every conversation is a list of hex vectors annotated field by field, written
 from RFC 1928, RFC 1929, the SOCKS4/4a documents and pt-spec 3.5, and each is
 fed three ways: one message per ``receive`` (as tor does), one byte at a time,
 and pipelined (every message plus application data in one chunk, and in
-seeded random splits).
+seeded random splits). Properties then check that any byte string, and any
+SOCKS-looking message with fields near their limits, gives the same outcome
+however it is split. The client-side builders have hand-written hex vectors.
 """
 
 import random
+import re
+import struct
 from collections import namedtuple
 
 import pytest
@@ -123,6 +127,27 @@ VECTORS = [
          AUTH_OK),
         (h("05 01 00 01 c0000201 0050"), b"")],
         5, "192.0.2.1", 80, {"a": "1", "b": "2", "c": "3"}),
+    Vector("socks5-idna-domain-utf8", [
+        GREETING_NO_AUTH,
+        (h("05 01 00 03 0f")              # VER=05 CMD=01 RSV=00 ATYP=03 LEN=15
+         + h("62 c3bc 63686572 2e 6578616d706c65")  # "b" "ü" (UTF-8) "cher" "." "example"
+         + h("01bb"),                     # DST.PORT=443
+         b"")], 5, "b\u00fccher.example", 443, {}),
+    Vector("socks5-domain-with-underscore-digits-dash", [
+        GREETING_NO_AUTH,
+        (h("05 01 00 03 0e") + b"_srv.a-1.test." + h("0050"),  # LEN=14, a trailing dot is fine
+         b"")], 5, "_srv.a-1.test.", 80, {}),
+    Vector("socks5-domain-of-255-bytes", [
+        GREETING_NO_AUTH,
+        (h("05 01 00 03 ff") + b"a" * 255 + h("0050"),  # LEN=255: the most SOCKS5 can carry
+         b"")], 5, "a" * 255, 80, {}),
+    Vector("socks4a-hostname-of-255-bytes", [
+        (h("04 01 0050 00000001 00")    # VN=04 CD=01 DSTPORT=80 DSTIP=0.0.0.1 (4a) USERID="" NUL
+         + b"h" * 255 + h("00"),         # HOST: 255 bytes, the limit, then NUL
+         b"")], 4, "h" * 255, 80, {}),
+    Vector("socks5-port-65535", [
+        GREETING_NO_AUTH,
+        (h("05 01 00 01 c0000201 ffff"), b"")], 5, "192.0.2.1", 65535, {}),
 ]
 
 REFUSALS = [
@@ -157,8 +182,45 @@ REFUSALS = [
             h("04 01 0050 c0000201") + b"a" * (socks.MAX_SOCKS4_FIELD + 1),  # no NUL in sight
             V4_REJECTED, 8 + socks.MAX_SOCKS4_FIELD + 1),
     Refusal("socks4a-host-too-long", [],
-            h("04 01 0050 00000001 00") + b"h" * (socks.MAX_SOCKS4_FIELD + 1),
-            V4_REJECTED, 9 + socks.MAX_SOCKS4_FIELD + 1),
+            h("04 01 0050 00000001 00") + b"h" * 256,  # no NUL in sight; 256 > 255 bytes
+            V4_REJECTED, 9 + 256),
+    Refusal("socks4a-host-of-256-bytes-with-its-nul", [],
+            h("04 01 0050 00000001 00") + b"h" * 256 + h("00"),
+            V4_REJECTED, 9 + 256),        # decided at the 256th byte, before the NUL
+    Refusal("socks4-userid-too-long-with-its-nul", [],  # the fuzzer's finding, fed whole
+            h("04 01 0050 c0000201") + b"k=" + b"v" * (socks.MAX_SOCKS4_FIELD - 1) + h("00"),
+            V4_REJECTED, 8 + socks.MAX_SOCKS4_FIELD + 1),
+    Refusal("socks4-userid-too-long-and-not-utf8", [],  # too long wins, as it does byte by byte
+            h("04 01 0050 c0000201") + b"k=\xff" + b"v" * socks.MAX_SOCKS4_FIELD + h("00"),
+            V4_REJECTED, 8 + socks.MAX_SOCKS4_FIELD + 1),
+    Refusal("socks4a-host-crlf", [],
+            h("04 01 0050 00000001 00")     # DSTIP=0.0.0.1 USERID="" NUL
+            + b"a\r\nb" + h("00"),            # HOST="a" CR LF "b" NUL: header injection
+            V4_REJECTED, None),
+    Refusal("socks4a-host-not-utf8", [],
+            h("04 01 0050 00000001 00") + h("61 ff 62 00"),  # HOST="a" FF "b" NUL
+            V4_REJECTED, None),
+    Refusal("socks4a-host-with-colon", [],
+            h("04 01 0050 00000001 00") + b"a:80" + h("00"),
+            V4_REJECTED, None),
+    Refusal("socks4-port-0", [],
+            h("04 01 0000 c0000201 00"),  # VN=04 CD=01 DSTPORT=0 DSTIP=192.0.2.1 USERID=""
+            V4_REJECTED, None),
+    Refusal("socks5-domain-crlf", [GREETING_NO_AUTH],
+            h("05 01 00 03 09") + b"a\r\nb.test" + h("0050"),  # LEN=9 "a" CR LF "b.test" PORT=80
+            h("05 01" + V5_FAILURE), None),  # REP=01 general failure
+    Refusal("socks5-domain-nul", [GREETING_NO_AUTH],
+            h("05 01 00 03 05") + h("61 62 00 63 64") + h("0050"),  # LEN=5 "ab" NUL "cd"
+            h("05 01" + V5_FAILURE), None),
+    Refusal("socks5-domain-not-utf8", [GREETING_NO_AUTH],
+            h("05 01 00 03 03 61 ff 62 0050"),  # LEN=3 "a" FF "b"
+            h("05 01" + V5_FAILURE), None),
+    Refusal("socks5-domain-ipv6-literal", [GREETING_NO_AUTH],
+            h("05 01 00 03 03") + b"::1" + h("0050"),  # an IPv6 address belongs in ATYP=04
+            h("05 01" + V5_FAILURE), None),
+    Refusal("socks5-port-0", [GREETING_NO_AUTH],
+            h("05 01 00 01 c0000201 0000"),  # ATYP=01 192.0.2.1 PORT=0
+            h("05 01" + V5_FAILURE), None),
     Refusal("socks4a-empty-host", [],
             h("04 01 0050 00000001 00 00"),  # DSTIP=0.0.0.1 USERID="" HOST=""
             V4_REJECTED, None),
@@ -373,7 +435,6 @@ def test_tor_style_conversation_with_a_bad_request_after_auth():
     ("", {}),
     ("shared-secret=foo", {"shared-secret": "foo"}),
     ("a=1;b=2", {"a": "1", "b": "2"}),
-    ("a=1;;b=2;", {"a": "1", "b": "2"}),            # empty pairs are skipped
     ("k=\\;\\=\\\\", {"k": ";=\\"}),                # every escape
     ("k\\=x=y", {"k=x": "y"}),                      # an escaped "=" belongs to the key
     ("k=a=b", {"k": "a=b"}),                        # tor does not escape "=" in values
@@ -384,7 +445,11 @@ def test_parse_args_examples(text, expected):
     assert socks.parse_args(text) == expected
 
 
-@pytest.mark.parametrize("text", ["novalue", "=v", "k=v\\", "a=1;novalue", "k\\=v"])
+@pytest.mark.parametrize("text", [
+    "novalue", "=v", "k=v\\", "a=1;novalue", "k\\=v",
+    # Empty pairs: obfs4proxy 0.0.14 answers these with RFC 1929 01 01 (seen live), and
+    # so do we now (this test used to expect "a=1;;b=2;" -> {"a": "1", "b": "2"}).
+    "a=1;", "a=1;;b=2", ";a=1", ";", "a=1;;"])
 def test_parse_args_rejects(text):
     with pytest.raises(ValueError):
         socks.parse_args(text)
@@ -482,3 +547,406 @@ def test_any_input_gives_bytes_a_request_or_socks_error(data, sizes):
             assert len(request.trailing) <= len(chunk)
             assert type(server.reply(socks.SUCCEEDED)) is bytes
             return
+
+
+# --- Host names ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", [
+    "example.com", "a", "127.0.0.1", "xn--bcher-kva.example", "b\u00fccher.example",
+    "\u65e5\u672c\u8a9e.jp", "\u0926\u0947\u0935\u0928\u093e\u0917\u0930\u0940.test",  # marks (Mc)
+    "_srv.a-1.test.", "a" * 255, "\u00e9" * 127 + "a"])     # 255 bytes of UTF-8
+def test_is_valid_hostname_accepts(name):
+    assert socks.is_valid_hostname(name)
+
+
+@pytest.mark.parametrize("name", [
+    "", "a\r\nb", "\r", "\n", "a\0b", "a b", "a\tb", "a\x7fb", "user@host", "a/b", "a:80",
+    "::1", "[::1]", "a%eth0", "a\\b", "a,b", "a;b", "a\"b", "a?b", "a#b",
+    "a\x85b", "a\u2028b", "a\u00a0b", "a\ufeffb", "a\u3002b",   # NEL, LINE SEP, NBSP, BOM, 。
+    "a\ud800b",                                                 # a lone surrogate
+    "a" * 256, "\u00e9" * 128,                                  # 256 bytes of UTF-8
+    b"example.com", None])
+def test_is_valid_hostname_refuses(name):
+    assert not socks.is_valid_hostname(name)
+
+
+BAD_NAMES = [b"a\r\nb", b"\r", b"\n", b"a\0b", b"a b", b"user@host", b"a/b", b"a:80", b"\xff",
+             b"a\xc3", b"\xc2\x85"]   # invalid UTF-8 (FF, a cut-off sequence), U+0085 (NEL)
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_socks5_bad_domain_names_get_general_failure(name):
+    server = socks.SocksServer()
+    with pytest.raises(socks.SocksError) as caught:
+        # VER=05 NMETHODS=01 [00] | VER=05 CMD=01 RSV=00 ATYP=03 LEN NAME PORT=80
+        server.receive(h("05 01 00") + h("05 01 00 03") + bytes([len(name)]) + name + h("0050"))
+    assert caught.value.reply == h("05 00") + h("05 01" + V5_FAILURE)   # METHOD=00, then REP=01
+    assert "domain name" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", [n for n in BAD_NAMES if b"\0" not in n])
+def test_socks4a_bad_host_names_are_rejected(name):
+    server = socks.SocksServer()
+    with pytest.raises(socks.SocksError) as caught:
+        # VN=04 CD=01 DSTPORT=80 DSTIP=0.0.0.1 USERID="" NUL HOST NUL
+        server.receive(h("04 01 0050 00000001 00") + name + h("00"))
+    assert caught.value.reply == V4_REJECTED
+    assert "host name" in str(caught.value)
+
+
+def test_socks4a_nul_ends_the_host_name():
+    # A NUL cannot be inside a SOCKS4a name: it ends it, and what follows is trailing data.
+    server = socks.SocksServer()
+    server.receive(h("04 01 0050 00000001 00") + b"a" + h("00") + b"b")
+    assert (server.request.host, server.request.trailing) == ("a", b"b")
+
+
+def test_error_messages_show_control_characters_escaped():
+    # The message goes to a log line: CR/LF must not reach it raw.
+    server = socks.SocksServer()
+    with pytest.raises(socks.SocksError) as caught:
+        server.receive(h("05 01 00 05 01 00 03 03") + b"a\r\n" + h("0050"))
+    assert "\r" not in str(caught.value) and "\n" not in str(caught.value)
+    assert "\\r" in str(caught.value)
+
+
+# --- Client-side messages ------------------------------------------------------------------
+
+@pytest.mark.parametrize("methods, wire", [
+    ([socks.METHOD_NO_AUTH], "05 01 00"),                  # VER=05 NMETHODS=01 METHODS=[00]
+    ([0x00, 0x02], "05 02 00 02"),                         # VER=05 NMETHODS=02 METHODS=[00 02]
+    (b"\x02", "05 01 02"),                                 # bytes work as a method list too
+    (range(255), "05 ff " + bytes(range(255)).hex()),      # NMETHODS=255: the most there can be
+])
+def test_socks5_greeting(methods, wire):
+    assert socks.socks5_greeting(methods) == h(wire)
+
+
+@pytest.mark.parametrize("methods", [[], range(256), [256], [-1]])
+def test_socks5_greeting_refuses(methods):
+    with pytest.raises(ValueError):
+        socks.socks5_greeting(methods)
+
+
+def test_socks5_userpass():
+    # VER=01 ULEN=05 UNAME="alice" PLEN=06 PASSWD="secret"
+    assert socks.socks5_userpass(b"alice", b"secret") == h("01 05 616c696365 06 736563726574")
+    # ULEN=ff and PLEN=ff: each field's most
+    assert socks.socks5_userpass(b"u" * 255, b"p" * 255) == \
+        h("01 ff") + b"u" * 255 + h("ff") + b"p" * 255
+
+
+@pytest.mark.parametrize("user, password", [
+    (b"", b"secret"), (b"alice", b""), (b"u" * 256, b"p"), (b"u", b"p" * 256)])
+def test_socks5_userpass_refuses_what_rfc1929_cannot_carry(user, password):
+    with pytest.raises(ValueError):
+        socks.socks5_userpass(user, password)
+
+
+@pytest.mark.parametrize("host, port, wire", [
+    # VER=05 CMD=01 RSV=00 ATYP=01 DST.ADDR=192.0.2.1 DST.PORT=80
+    ("192.0.2.1", 80, "05 01 00 01 c0000201 0050"),
+    # ATYP=04 DST.ADDR=2001:db8::1 DST.PORT=443
+    ("2001:db8::1", 443, "05 01 00 04 20010db8000000000000000000000001 01bb"),
+    # ATYP=03 LEN=0b DST.ADDR="example.com" DST.PORT=65535
+    ("example.com", 65535, "05 01 00 03 0b 6578616d706c652e636f6d ffff"),
+    # ATYP=03 LEN=0f "b" "ü" (c3 bc) "cher.example" DST.PORT=1
+    ("b\u00fccher.example", 1, "05 01 00 03 0f 62c3bc636865722e6578616d706c65 0001"),
+    # ATYP=03 LEN=ff: 255 bytes of name
+    ("a" * 255, 80, "05 01 00 03 ff " + "61" * 255 + " 0050"),
+])
+def test_socks5_connect(host, port, wire):
+    assert socks.socks5_connect(host, port) == h(wire)
+
+
+@pytest.mark.parametrize("host, port", [
+    ("a" * 256, 80),             # more than LEN can say
+    ("\u00e9" * 128, 80),        # 128 characters, but 256 bytes
+    ("a\r\nb", 80), ("", 80), ("[::1]", 80), ("fe80::1%eth0", 80), ("user@host", 80),
+    ("example.com", 0), ("example.com", 65536), ("192.0.2.1", -1)])
+def test_socks5_connect_refuses(host, port):
+    with pytest.raises(ValueError):
+        socks.socks5_connect(host, port)
+
+
+@pytest.mark.parametrize("host, port, userid, wire", [
+    # SOCKS4: VN=04 CD=01 DSTPORT=80 DSTIP=192.0.2.1 USERID="" NUL
+    ("192.0.2.1", 80, b"", "04 01 0050 c0000201 00"),
+    # SOCKS4: VN=04 CD=01 DSTPORT=443 DSTIP=127.0.0.1 USERID="k=v" NUL
+    ("127.0.0.1", 443, b"k=v", "04 01 01bb 7f000001 6b3d76 00"),
+    # SOCKS4a: VN=04 CD=01 DSTPORT=80 DSTIP=0.0.0.1 USERID="k=v" NUL HOST="example.com" NUL
+    ("example.com", 80, b"k=v", "04 01 0050 00000001 6b3d76 00 6578616d706c652e636f6d 00"),
+    # SOCKS4a with no USERID: DSTIP=0.0.0.1 NUL HOST="a.b" NUL
+    ("a.b", 8080, b"", "04 01 1f90 00000001 00 612e62 00"),
+])
+def test_socks4a_connect(host, port, userid, wire):
+    assert socks.socks4a_connect(host, port, userid) == h(wire)
+
+
+@pytest.mark.parametrize("host, port, userid", [
+    ("2001:db8::1", 80, b""),    # SOCKS4 has no IPv6
+    ("a" * 256, 80, b""), ("a\r\nb", 80, b""), ("", 80, b""),
+    ("example.com", 80, b"a\0b"),  # a NUL would end the USERID early
+    ("example.com", 0, b""), ("192.0.2.1", 65536, b"")])
+def test_socks4a_connect_refuses(host, port, userid):
+    with pytest.raises(ValueError):
+        socks.socks4a_connect(host, port, userid)
+
+
+@pytest.mark.parametrize("head, more", [
+    ("05 00 00 01", 4 + 2),                  # ATYP=01: BND.ADDR(4) BND.PORT(2) to come
+    ("05 00 00 04", 16 + 2),                 # ATYP=04: BND.ADDR(16) BND.PORT(2)
+    ("05 00 00 03", 1),                      # ATYP=03: first LEN, then ask again
+    ("05 00 00 03 0b", 11 + 2),              # LEN=11: the name and BND.PORT
+    ("05 00 00 03 00", 2),                   # LEN=0: only BND.PORT
+    ("05 00 00 01 c0000201", 2),             # part of the address is in already
+    ("05 05 00 01 00000000 0000", 0),        # complete (REP does not matter here)
+    ("05 00 00 03 01 61 0050 ffff", 0),      # complete, with the tunnel's data after it
+])
+def test_socks5_reply_length(head, more):
+    assert socks.socks5_reply_length(h(head)) == more
+
+
+@pytest.mark.parametrize("head", ["05 00 00 02", "05 00 00 00", "05 00 00 ff", "05 00 00", ""])
+def test_socks5_reply_length_refuses(head):
+    with pytest.raises(ValueError):
+        socks.socks5_reply_length(h(head))
+
+
+def test_socks5_reply_length_reads_a_server_reply_exactly():
+    # The documented loop, over the replies our own server writes.
+    server = socks.SocksServer()
+    server.receive(h("05 01 00 05 01 00 01 c0000201 0050"))
+    for reply in (server.reply(socks.SUCCEEDED, "2001:db8::7", 443), server.reply(socks.GENERAL_FAILURE)):
+        stream = reply + DATA
+        got = stream[:4]
+        while socks.socks5_reply_length(got):
+            got += stream[len(got):len(got) + socks.socks5_reply_length(got)]
+        assert got == reply
+
+
+hosts = st.one_of(
+    st.ip_addresses().map(str),
+    st.text(st.sampled_from("abcXYZ019-._\u00fc\u65e5"), min_size=1, max_size=80))
+
+
+@settings(max_examples=150, deadline=None)
+@given(hosts, st.integers(1, 65535), arg_dicts, st.booleans())
+def test_builders_say_what_our_server_reads(host, port, args, socks4):
+    """Client and server halves agree: what a builder writes, the server parses back."""
+    encoded = encode_args(args).encode("utf-8")
+    server = socks.SocksServer()
+    if socks4 and ":" not in host:   # SOCKS4 cannot carry IPv6
+        assume(len(encoded) <= socks.MAX_SOCKS4_FIELD)
+        server.receive(socks.socks4a_connect(host, port, encoded))
+    elif encoded:
+        assume(len(encoded) <= 2 * 255)
+        auth = socks.socks5_userpass(encoded[:255], encoded[255:] or b"\0")   # spill, or NUL
+        assert server.receive(socks.socks5_greeting([0x02]) + auth) == h("05 02") + AUTH_OK
+        server.receive(socks.socks5_connect(host, port))
+    else:
+        assert server.receive(socks.socks5_greeting([0x00])) == h("05 00")
+        server.receive(socks.socks5_connect(host, port))
+    assert (server.request.host, server.request.port, server.request.args) == (host, port, args)
+
+
+def test_socks4a_connect_sends_0_0_0_x_as_a_name():
+    # DSTIP 0.0.0.x (x != 0) is SOCKS4a's "a name follows": that address must go as a name.
+    # VN=04 CD=01 DSTPORT=80 DSTIP=0.0.0.1 USERID="" NUL HOST="0.0.0.7" NUL
+    assert socks.socks4a_connect("0.0.0.7", 80) == h("04 01 0050 00000001 00 302e302e302e37 00")
+    # 0.0.0.0 is no such marker: plain SOCKS4
+    assert socks.socks4a_connect("0.0.0.0", 80) == h("04 01 0050 00000000 00")
+
+
+# --- split_escaped: the TOR_PT_SERVER_TRANSPORT_OPTIONS step -------------------------------
+
+@pytest.mark.parametrize("text, separator, parts", [
+    (r"obfs2:shared-secret=a\;b", ";", [r"obfs2:shared-secret=a\;b"]),   # "\;" does not split
+    (r"obfs2:shared-secret=a\;b;dummy:x=1", ";", [r"obfs2:shared-secret=a\;b", "dummy:x=1"]),
+    (r"obfs2:k=a\:b:c", ":", ["obfs2", r"k=a\:b", "c"]),                  # "\:" does not split
+    (r"k\=x=a=b", "=", [r"k\=x", "a", "b"]),                               # "\=" does not split
+    (r"a\\;b", ";", [r"a\\", "b"]),                 # "\\" is one backslash: the ";" splits
+    (r"a\\\;b", ";", [r"a\\\;b"]),                  # "\\" then "\;"
+    ("a;;b;", ";", ["a", "", "b", ""]),              # empty parts are kept
+    ("", ";", [""]),
+])
+def test_split_escaped(text, separator, parts):
+    assert socks.split_escaped(text, separator) == parts
+
+
+@pytest.mark.parametrize("text", ["a\\", "obfs2:k=v\\", "\\", "a;b\\\\\\"])
+def test_split_escaped_lone_trailing_backslash(text):
+    with pytest.raises(ValueError):
+        socks.split_escaped(text, ";")
+
+
+def test_split_escaped_and_parse_args_read_transport_options():
+    # managed.py's TOR_PT_SERVER_TRANSPORT_OPTIONS case, read with the pieces socks.py offers.
+    text = r"obfs2:shared-secret=a\:b\;c\=d\\e;dummy:x=1;obfs2:k=v=w"
+    options = {}
+    for item in socks.split_escaped(text, ";"):
+        name, *rest = socks.split_escaped(item, ":")
+        options.setdefault(socks.unescape(name), {}).update(socks.parse_args(":".join(rest)))
+    assert options == {"obfs2": {"shared-secret": "a:b;c=d\\e", "k": "v=w"}, "dummy": {"x": "1"}}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.sampled_from("ab;:=\\"), max_size=20), st.sampled_from(";:="))
+def test_split_escaped_joins_back_and_leaves_no_bare_separator(text, separator):
+    try:
+        parts = socks.split_escaped(text, separator)
+    except ValueError:
+        # Only for a lone backslash at the end: the text ends in an odd run of them.
+        assert (len(text) - len(text.rstrip("\\"))) % 2 == 1
+        return
+    assert (len(text) - len(text.rstrip("\\"))) % 2 == 0
+    assert separator.join(parts) == text
+    for part in parts:
+        assert separator not in re.sub(r"\\.", "", part, flags=re.DOTALL)
+
+
+# --- Every split of the same bytes gives the same outcome -------------------------------------
+
+def outcome(chunks):
+    """What a server makes of ``chunks``: the request (with all bytes after it),
+    the refusal, or "incomplete"; with every reply byte it emitted, in order."""
+    server = socks.SocksServer()
+    replies = b""
+    for i, chunk in enumerate(chunks):
+        try:
+            replies += server.receive(chunk)
+        except socks.SocksError as exc:
+            return ("refused", type(exc), str(exc), replies + exc.reply)
+        if server.request is not None:
+            r = server.request
+            return ("request", r.version, r.host, r.port, r.args,
+                    r.trailing + b"".join(chunks[i + 1:]), replies, server.reply(socks.SUCCEEDED))
+    return ("incomplete", replies)
+
+
+def cut(data, sizes):
+    chunks, i = [], 0
+    for n in sizes:
+        chunks.append(data[i:i + n])
+        i += n
+    return chunks + [data[i:]]
+
+
+def assert_split_invariant(data, sizes):
+    whole = outcome([data])
+    assert outcome([data[i:i + 1] for i in range(len(data))]) == whole
+    assert outcome(cut(data, sizes)) == whole
+    return whole
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(socks_inputs(), st.binary(max_size=60)), st.lists(st.integers(0, 12), max_size=30))
+def test_every_split_of_any_bytes_gives_the_same_outcome(data, sizes):
+    assert_split_invariant(data, sizes)
+
+
+def near(limit):
+    """A field length: small, or within 3 of ``limit``."""
+    return st.one_of(st.integers(0, 4), st.integers(max(limit - 3, 0), limit + 3))
+
+
+# Field contents: argument-like text, host-name text, and the bytes that break either.
+ARGS_FILLERS = [b"k=v", b"k=v;", b"x", b"\xc3\xbc"]
+HOST_FILLERS = [b"a", b"a.b-", b"_", b"\xc3\xbc"]
+SPECIALS = [b"\0", b"\r", b"\n", b" ", b"=", b";", b"\\", b"\xff", b"\xc3", b":", b"."]
+
+
+@st.composite
+def field(draw, limit, fillers, prefix=b""):
+    """``near(limit)`` bytes: ``prefix`` and then one filler over and over,
+    with up to 3 special bytes put anywhere."""
+    n = draw(near(limit))
+    data = bytearray((prefix + draw(st.sampled_from(fillers)) * n)[:n])
+    for _ in range(draw(st.integers(0, 3)) if n else 0):
+        data[draw(st.integers(0, n - 1))] = draw(st.sampled_from(SPECIALS))[0]
+    return bytes(data)
+
+
+def args_field(limit):
+    return field(limit, ARGS_FILLERS, prefix=b"k=")
+
+
+def host_field(limit):
+    return field(limit, HOST_FILLERS)
+
+
+def some(values):
+    """Mostly one of the ``values`` that mean something; one time in ten any byte."""
+    return st.integers(0, 9).flatmap(
+        lambda r: st.integers(0, 255) if r == 0 else st.sampled_from(values))
+
+
+@st.composite
+def socks4_messages(draw):
+    # VN=04 CD DSTPORT(2) DSTIP(4) USERID NUL [HOST NUL], IP 0.0.0.x meaning 4a
+    cd = draw(some([1, 2]))
+    port = draw(st.sampled_from([80, 80, 443, 65535, 0]))
+    if draw(st.booleans()):
+        dstip = bytes([0, 0, 0, draw(st.integers(1, 255))])      # SOCKS4a
+    else:
+        dstip = draw(st.binary(min_size=4, max_size=4))
+    message = bytes([4, cd]) + struct.pack("!H", port) + dstip
+    message += draw(args_field(socks.MAX_SOCKS4_FIELD)) + b"\0"
+    message += draw(host_field(socks.MAX_HOSTNAME)) + b"\0"
+    return message
+
+
+@st.composite
+def socks5_messages(draw):
+    methods = draw(st.lists(some([0, 2]), min_size=1, max_size=3))
+    message = bytes([5, len(methods)]) + bytes(methods)
+    if 2 in methods:
+        # VER=01 ULEN UNAME PLEN PASSWD, with lengths near 0 and 255
+        uname = draw(args_field(255))[:255]
+        passwd = draw(st.one_of(st.just(b"\0"), field(255, ARGS_FILLERS).map(lambda f: f[:255])))
+        message += bytes([draw(some([1])), len(uname)]) + uname + bytes([len(passwd)]) + passwd
+    # VER=05 CMD RSV ATYP DST.ADDR DST.PORT
+    atyp = draw(some([1, 3, 4]))
+    if atyp == 3:
+        name = draw(host_field(255))[:255]
+        address = bytes([len(name)]) + name
+    else:
+        size = {1: 4, 4: 16}.get(atyp, 0)
+        address = draw(st.binary(min_size=size, max_size=size)) + draw(st.binary(max_size=2))
+    port = draw(st.sampled_from([b"\0\0", b"\0\x50", b"\0\x50", b"\xff\xff"]))
+    return message + bytes([draw(some([5])), draw(some([1, 2])), 0, atyp]) + address + port
+
+
+@st.composite
+def socks_messages(draw):
+    """A SOCKS4/4a/5 conversation with fields near their limits, perhaps cut
+    short, followed by perhaps some application data."""
+    message = draw(st.one_of(socks4_messages(), socks5_messages()))
+    if draw(st.booleans()):
+        message = message[:draw(st.integers(0, len(message)))]
+    return message + draw(st.sampled_from([b"", DATA, b"\0\0"]))
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(socks_messages(), st.lists(st.integers(0, 400), max_size=12))
+def test_every_split_of_a_socks_message_gives_the_same_outcome(data, sizes):
+    assert_split_invariant(data, sizes)
+
+
+def test_the_fuzzers_streams_give_one_answer():
+    userid = b"k=" + b"v" * 1000                           # "a ~1,000-byte USERID"
+    request = h("04 01 0050 c0000201") + userid + h("00")
+    # Behind 2f...: not SOCKS (first byte 0x2f), refused at once with no reply, however cut.
+    stream = h("2f400033b72f") + request
+    for at in range(len(stream) + 1):
+        assert outcome([stream[:at], stream[at:]]) == \
+            ("refused", socks.SocksError, "not a SOCKS4 or SOCKS5 client (first byte 0x2f)", b"")
+    # On its own: accepted, however cut.
+    for at in range(0, len(request) + 1, 7):
+        assert outcome([request[:at], request[at:]])[:4] == ("request", 4, "192.0.2.1", 80)
+    # A USERID over the limit, or over it and not UTF-8: one refusal, however cut.
+    for userid in (b"k=" + b"v" * 1028, b"k=\xff" + b"v" * 1028):
+        request = h("04 01 0050 c0000201") + userid + h("00")
+        answers = {outcome([request[:at], request[at:]]) for at in range(len(request) + 1)}
+        assert answers == {("refused", socks.SocksError, "SOCKS4 USERID is longer than 1024 bytes",
+                            V4_REJECTED)}
