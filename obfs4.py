@@ -1,0 +1,986 @@
+r"""obfs4, the obfourscator: a sans-IO implementation of both ends, byte-compatible with
+Debian's obfs4proxy 0.0.14 (and so with Tor's lyrebird). The facts come from
+``shared/obfs4-spec.md``; section numbers (§) below refer to it.
+
+What obfs4 does, and what it does not
+-------------------------------------
+* Looks like uniformly random bytes from the first byte on, with random lengths: the
+  keys on the wire are Elligator2 representatives, everything else is padding, MACs or
+  XSalsa20-Poly1305 ciphertext. DPI that matches content finds nothing.
+* Resists active probing: the server answers only a client that knows its NODEID and
+  identity key B (both in the bridge line). Anyone else gets silence, then a close at
+  accept + 30 s + a per-bridge delay (``failure_linger``). A replayed handshake is
+  remembered for 3 hours and gets the same silence.
+* An authenticated key exchange (ntor over X25519): the client authenticates the server;
+  the data has confidentiality and integrity (XSalsa20-Poly1305 per frame).
+* Blurs sizes (per-bridge padding tables) and, in iat-mode 1/2, timing.
+* It does NOT hide that a connection exists, its volume or its duration; it does not
+  authenticate the client; and a censor who learns the bridge line can confirm the bridge.
+  Tor's own TLS still runs inside.
+
+Notation (spec -> code)
+-----------------------
+=================================  ===============================================
+NODEID, b, B, drbg-seed, iat-mode  ``Identity.node_id/private_key/public_key/...``
+KEY = B | NODEID (marks, MACs)     ``Obfs4._mac_key``  (the cert is NODEID | B!)
+H16(k, m)                          ``h16(k, m)`` = HMAC-SHA256(k, m)[0:16]
+x, X', X  /  y, Y', Y              ephemeral priv, representative, u (``_priv``,
+                                   ``_representative``, ``_u``); the peer's u comes
+                                   from ``elligator2_direct(representative)``
+E                                  ``epoch_hour(now)``: ASCII floor(unix_time / 3600)
+P_C, P_S                           client / server handshake padding
+M_C, MAC_C, M_S, MAC_S             marks and MACs, 16 bytes each
+EXP1, EXP2, KEY_SEED, AUTH         ``client_ntor`` / ``server_ntor``
+OKM (144 bytes)                    ``kdf(key_seed)``
+lenDist, iatDist                   ``WeightedDist`` tables (§6.3)
+padBurst                           ``pad_burst(burst_length, target)``
+=================================  ===============================================
+
+Client handshake (§2.3; one write, 141 .. 8192 bytes)::
+
+    0      32                 32+PC  48+PC   64+PC
+    +------+------------------+------+-------+
+    |  X'  |  P_C (77..8128)  | M_C  | MAC_C |    M_C   = H16(KEY, X')
+    +------+------------------+------+-------+    MAC_C = H16(KEY, X' | P_C | M_C | E)
+
+Server reply + seed frame (§2.5; one write, 141 .. 8192 bytes)::
+
+    0      32     64                 64+PS  80+PS   96+PS        141+PS
+    +------+------+------------------+------+-------+------------+
+    |  Y'  | AUTH |  P_S (0..8051)   | M_S  | MAC_S | seed frame |
+    +------+------+------------------+------+-------+------------+
+    M_S = H16(KEY, Y')   MAC_S = H16(KEY, Y' | AUTH | P_S | M_S | E')
+    E' = the E string the server matched (its E, E - 1 or E + 1); seed frame = a type-1
+    packet carrying the server's drbg-seed (2 + 16 + 3 + 24 = 45 bytes, no padding).
+
+Frame (§2.8) and the packet inside it (§2.9)::
+
+    +-------+-----+------------------------------------------+
+    | L_obf | tag | ciphertext of: type | n | payload | 00.. |
+    +-------+-----+------------------------------------------+
+      2       16     1      2    n        padding
+    L = 16 + len(packet) in 16..1446; L_obf = L XOR mask16 (next block of the sender's
+    HashDrbg); box = XSalsa20-Poly1305(key, nonce_prefix | BE64(counter)), counter = 1, 2, ...
+
+ntor, as obfs4 computes it (§2.6)::
+
+    client: EXP1 = X25519(x, Y)  EXP2 = X25519(x, B)    server: EXP1 = X25519(y, X)  EXP2 = X25519(b, X)
+    suffix       = B | B | X | Y | PROTOID | NODEID      (B twice: erratum 6)
+    secret_input = EXP1 | EXP2 | suffix
+    KEY_SEED     = HMAC(t_key, secret_input)      verify = HMAC(t_verify, secret_input)
+    AUTH         = HMAC(t_mac, verify | suffix | "Server")
+    OKM          = HKDF-SHA256(IKM = KEY_SEED, salt = t_key, info = m_expand, L = 144)
+
+Key schedule (erratum 3: the document has the halves the other way round):
+
+=========  =================================================================
+OKM bytes  use
+=========  =================================================================
+0..31      client->server secretbox key       (client encodes, server decodes)
+32..47     client->server nonce prefix
+48..71     client->server HashDrbg seed for the length masks (SipHash key | block)
+72..143    the same four for server->client    (server encodes, client decodes)
+=========  =================================================================
+
+State machines (§2.11)::
+
+    client: NEW --start()--> WAIT_REPLY --M_S found, MAC_S ok, AUTH ok--> OPEN
+                                 +--8192 bytes without M_S, bad MAC_S/AUTH, zero DH--> FAILED
+    server: WAIT_HANDSHAKE --valid handshake (reply + seed frame in data_to_send())--> OPEN
+                +--bad mark/MAC, replay, trailing bytes, zero DH, >= 8192 bytes--> FAILED
+                   (the I/O layer drains until accept + failure_linger, then FIN)
+    OPEN: any bad frame or packet --> FAILED (close at once)
+
+The document (doc/obfs4-spec.txt) vs the 0.0.14 code, which is what is on the wire (§3)
+----------------------------------------------------------------------------------------
+1. Client padding is 77..8128 (document: 85 minimum). We send and accept 77..8128.
+2. Server padding is 0..8051 so that reply + seed frame fit in 8192; the client search
+   accepts M_S anywhere up to offset 8160 (padding up to 8096).
+3. OKM 0..71 is client->server (the document says server->client).
+4. nonce = 16-byte prefix | 8-byte big-endian counter starting at 1.
+5. The length-mask DRBG is one SipHash state that is never reset (``HashDrbg``).
+6. ntor suffix B | B | X | Y | PROTOID | NODEID, not Tor's proposal-216 layout.
+7. Elligator2: random top two bits on ours, both masked on theirs, "dirty" keys with a
+   torsion component (all in ``obfs4_crypto``).
+8. The server looks for M_C only at the tail and rejects bytes after MAC_C: a client
+   sends nothing more until the reply verifies.
+9. Failed server handshakes close after a FIXED per-bridge delay (30 s + close_delay).
+10. A replay filter on MAC_C (3 h, 102 400 entries).
+11. Packets < 3 bytes or with n beyond the packet are fatal; a bad frame length waits for a
+    random length in 16..1446, then fails as a bad tag would.
+12. Padding tables are built with Go's math/rand over the hash DRBG (§6.3).
+13. obfs4proxy's client decodes the seed frame only after its next read; ours at once.
+14. iat-mode 2 with a sampled write size 0 makes obfs4proxy panic; we resample.
+"""
+
+import base64
+import collections
+import functools
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import struct
+import threading
+import time
+from pathlib import Path
+
+from obfs4_crypto import (
+    HashDrbg,
+    SecretBox,
+    WeightedDist,
+    close_delay,
+    elligator2_direct,
+    generate_keypair,
+    hkdf_sha256,
+    x25519,
+    x25519_base,
+)
+
+# --- Constants (§2.1), with the spec's names -------------------------------------------
+
+MAX_HANDSHAKE_LENGTH = 8192
+MARK_LENGTH = 16
+MAC_LENGTH = 16
+REPRESENTATIVE_LENGTH = 32
+AUTH_LENGTH = 32
+NODE_ID_LENGTH = 20
+KEY_LENGTH = 32                               # X25519 keys: b, B, x, X, y, Y
+# X' | M_C | MAC_C = 64;  Y' | AUTH | M_S | MAC_S = 96;  the seed frame 2 + 16 + 3 + 24 = 45
+CLIENT_MIN_HANDSHAKE_LENGTH = REPRESENTATIVE_LENGTH + MARK_LENGTH + MAC_LENGTH
+SERVER_MIN_HANDSHAKE_LENGTH = REPRESENTATIVE_LENGTH + AUTH_LENGTH + MARK_LENGTH + MAC_LENGTH
+INLINE_SEED_FRAME_LENGTH = 2 + 16 + 3 + 24
+# 96 + 45 - 64 = 77 (erratum 1) .. 8192 - 64 = 8128
+CLIENT_MIN_PAD_LENGTH = SERVER_MIN_HANDSHAKE_LENGTH + INLINE_SEED_FRAME_LENGTH - CLIENT_MIN_HANDSHAKE_LENGTH
+CLIENT_MAX_PAD_LENGTH = MAX_HANDSHAKE_LENGTH - CLIENT_MIN_HANDSHAKE_LENGTH
+# 0 .. 8192 - 96 - 45 = 8051 (erratum 2)
+SERVER_MIN_PAD_LENGTH = 0
+SERVER_MAX_PAD_LENGTH = MAX_HANDSHAKE_LENGTH - SERVER_MIN_HANDSHAKE_LENGTH - INLINE_SEED_FRAME_LENGTH
+
+MAXIMUM_SEGMENT_LENGTH = 1448                 # the largest frame on the wire
+LENGTH_LENGTH = 2
+TAG_LENGTH = 16
+FRAME_OVERHEAD = LENGTH_LENGTH + TAG_LENGTH                          # 18
+MAXIMUM_FRAME_PAYLOAD_LENGTH = MAXIMUM_SEGMENT_LENGTH - FRAME_OVERHEAD  # 1430, largest packet
+PACKET_OVERHEAD = 3                           # type (1) | payload length n (2)
+PACKET_HEADER = struct.Struct(">BH")
+MAX_PACKET_PAYLOAD_LENGTH = MAXIMUM_FRAME_PAYLOAD_LENGTH - PACKET_OVERHEAD  # 1427
+HEADER_LENGTH = FRAME_OVERHEAD + PACKET_OVERHEAD                     # 21: an empty packet's frame
+MIN_FRAME_LENGTH = FRAME_OVERHEAD - LENGTH_LENGTH                    # 16: L = tag only
+MAX_FRAME_LENGTH = MAXIMUM_SEGMENT_LENGTH - LENGTH_LENGTH            # 1446
+MAX_NONCE_COUNTER = (1 << 64) - 1
+
+PACKET_TYPE_PAYLOAD = 0
+PACKET_TYPE_PRNG_SEED = 1
+SEED_LENGTH = 24                              # a HashDrbg seed: SipHash key (16) | block (8)
+SEED_PACKET_PAYLOAD_LENGTH = SEED_LENGTH
+DIRECTION_KEY_LENGTH = 32 + 16 + SEED_LENGTH  # 72: secretbox key | nonce prefix | DRBG seed
+OKM_LENGTH = 2 * DIRECTION_KEY_LENGTH         # 144
+
+CLIENT_HANDSHAKE_TIMEOUT = 60                 # seconds; enforced by the I/O layer
+SERVER_HANDSHAKE_TIMEOUT = 30
+REPLAY_TTL = 3 * 3600                         # seconds a MAC_C is remembered
+REPLAY_MAX_ENTRIES = 102400
+
+IAT_NONE, IAT_ENABLED, IAT_PARANOID = 0, 1, 2
+MAX_IAT_DELAY = 100                           # iatDist values 0..100 ...
+IAT_UNIT = 100e-6                             # ... in units of 100 µs: at most 10 ms
+
+PROTOID = b"ntor-curve25519-sha256-1"
+T_MAC = PROTOID + b":mac"
+T_KEY = PROTOID + b":key_extract"
+T_VERIFY = PROTOID + b":key_verify"
+M_EXPAND = PROTOID + b":key_expand"
+SERVER_STRING = b"Server"
+
+CERT_LENGTH = NODE_ID_LENGTH + KEY_LENGTH     # 52 bytes -> 70 base64 characters
+STATE_FILE = "obfs4_state.json"
+BRIDGE_FILE = "obfs4_bridgeline.txt"
+
+# Connection states.
+NEW = "NEW"
+WAIT_REPLY = "WAIT_REPLY"
+WAIT_HANDSHAKE = "WAIT_HANDSHAKE"
+OPEN = "OPEN"
+FAILED = "FAILED"
+
+
+class ProtocolError(Exception):
+    """The peer is not speaking obfs4 to us (bad mark, MAC, AUTH, frame or packet).
+
+    What happens next: a client closes at once; a server whose handshake failed keeps
+    reading and discarding until ``failure_linger`` seconds after accept, then closes
+    with FIN (at once on peer EOF); a data-phase error closes at once.
+    """
+
+
+# --- Small helpers ------------------------------------------------------------------
+
+def h16(key, message):
+    """H16(k, m) = the first 16 bytes of HMAC-SHA256(k, m)."""
+    return hmac.new(key, message, hashlib.sha256).digest()[:MARK_LENGTH]
+
+
+def epoch_hour(now):
+    """E = ASCII decimal of floor(unix_time / 3600), no leading zeros, e.g. b"498974"."""
+    return str(int(now) // 3600).encode("ascii")
+
+
+def _from_hex(text, length, what):
+    """Exactly ``length`` bytes from hex digits (either case), or ValueError."""
+    if not isinstance(text, str) or not re.fullmatch(r"(?:[0-9a-fA-F]{2})*", text):
+        raise ValueError("malformed %s %r: not hex" % (what, text))
+    raw = bytes.fromhex(text)
+    if len(raw) != length:
+        raise ValueError("invalid %s: %d bytes, want %d (%d hex digits)"
+                         % (what, len(raw), length, 2 * length))
+    return raw
+
+
+def parse_iat_mode(text):
+    """iat-mode as obfs4proxy parses it (Go's strconv.Atoi, then the 0..2 range check)."""
+    if not re.fullmatch(r"[+-]?[0-9]+", text or ""):
+        raise ValueError("malformed iat-mode '%s'" % text)
+    mode = int(text)
+    if not IAT_NONE <= mode <= IAT_PARANOID:
+        raise ValueError("invalid iat-mode '%d'" % mode)
+    return mode
+
+
+def uniform_length(lo, hi):
+    """A CSPRNG length uniform in lo..hi inclusive (the handshake paddings)."""
+    return lo + secrets.randbelow(hi - lo + 1)
+
+
+def sample_table(dist):
+    """One draw from a lenDist/iatDist table, with the CSPRNG (§6.3 step 6)."""
+    return dist.sample()
+
+
+@functools.lru_cache(maxsize=32)
+def table(seed, lo, hi):
+    """WeightedDist(seed, lo, hi), remembered: building one costs ~10 ms (1449 Go rand
+    draws over SipHash) and a client rebuilds the same bridge's table on every
+    connection. The tables are immutable after construction, so sharing is safe."""
+    return WeightedDist(seed, lo, hi)
+
+
+def iat_seed(seed):
+    """The IAT table's seed: SHA-256(seed)[0:24] (§6.3)."""
+    return hashlib.sha256(seed).digest()[:SEED_LENGTH]
+
+
+# --- The cert and the server's identity (§5) ------------------------------------------
+
+def encode_cert(node_id, public_key):
+    """cert = base64(NODEID | B) with the trailing "==" removed: 70 characters, standard
+    alphabet (+ and /)."""
+    return base64.b64encode(node_id + public_key).decode("ascii")[:-2]
+
+
+def parse_cert(cert):
+    """(NODEID, B) from a cert; ValueError unless it decodes to exactly 52 bytes."""
+    try:
+        raw = base64.b64decode(cert + "==", validate=True)
+    except ValueError as error:          # binascii.Error, or a non-ASCII str
+        raise ValueError("failed to decode cert: %s" % error)
+    if len(raw) != CERT_LENGTH:
+        raise ValueError("cert length %d is invalid" % len(raw))
+    return raw[:NODE_ID_LENGTH], raw[NODE_ID_LENGTH:]
+
+
+class Identity:
+    """A server's long-term state: NODEID (20), b (32, stored unclamped; X25519 clamps),
+    B = X25519(b, 9), drbg-seed (24, seeds the length and IAT tables and the close
+    delay) and iat-mode."""
+
+    def __init__(self, node_id, private_key, drbg_seed, iat_mode=IAT_NONE):
+        if len(node_id) != NODE_ID_LENGTH or len(private_key) != KEY_LENGTH \
+                or len(drbg_seed) != SEED_LENGTH:
+            raise ValueError("an identity needs a 20-byte node-id, a 32-byte private key "
+                             "and a 24-byte drbg-seed")
+        if iat_mode not in (IAT_NONE, IAT_ENABLED, IAT_PARANOID):
+            raise ValueError("invalid iat-mode '%s'" % iat_mode)
+        self.node_id = bytes(node_id)
+        self.private_key = bytes(private_key)
+        self.public_key = x25519_base(self.private_key)
+        self.drbg_seed = bytes(drbg_seed)
+        self.iat_mode = iat_mode
+
+    @property
+    def cert(self):
+        return encode_cert(self.node_id, self.public_key)
+
+
+BRIDGE_LINE_TEMPLATE = """\
+# obfs4 torrc client bridge line
+#
+# This file is an automatically generated bridge line based on
+# the current obfs4proxy configuration.  EDITING IT WILL HAVE
+# NO EFFECT.
+#
+# Before distributing this Bridge, edit the placeholder fields
+# to contain the actual values:
+#  <IP ADDRESS>  - The public IP address of your obfs4 bridge.
+#  <PORT>        - The TCP/IP port of your obfs4 bridge.
+#  <FINGERPRINT> - The bridge's fingerprint.
+
+Bridge obfs4 <IP ADDRESS>:<PORT> <FINGERPRINT> cert=%s iat-mode=%d
+"""
+
+# obfs4_state.json's fields, in the order obfs4proxy writes them.
+STATE_FIELDS = (("node-id", str), ("private-key", str), ("public-key", str),
+                ("drbg-seed", str), ("iat-mode", int))
+
+
+def state_json(state):
+    """obfs4_state.json's bytes as Go's json.Marshal writes them: compact, the fields in
+    STATE_FIELDS order, no trailing newline, < > & escaped, other text as UTF-8."""
+    text = json.dumps({name: state[name] for name, _ in STATE_FIELDS},
+                      separators=(",", ":"), ensure_ascii=False)
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                         ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(char, escape)
+    return text.encode("utf-8")
+
+
+def _read_state(path):
+    """The fields of an existing obfs4_state.json. Like Go's json.Unmarshal into a struct:
+    names match case-insensitively, unknown fields are dropped, wrong types are errors."""
+    try:
+        loaded = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError("failed to load statefile '%s': %s" % (path, error))
+    if not isinstance(loaded, dict):
+        raise ValueError("failed to load statefile '%s': not a JSON object" % path)
+    state = {"node-id": "", "private-key": "", "public-key": "", "drbg-seed": "", "iat-mode": 0}
+    types = dict(STATE_FIELDS)
+    for key, value in loaded.items():
+        name = key.lower()
+        if name not in types or value is None:
+            continue
+        if type(value) is not types[name]:
+            raise ValueError("failed to load statefile '%s': '%s' must be a %s"
+                             % (path, key, "string" if types[name] is str else "integer"))
+        state[name] = value
+    return state
+
+
+def _write_file(path, data):
+    """Write ``data``, creating the file with mode 0600; an existing file keeps its mode."""
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _make_state_dir(path):
+    """mkdir -p with mode 0700 for every directory created (Go's os.MkdirAll(dir, 0700))."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(str(directory), 0o700)
+        except FileExistsError:
+            pass
+
+
+def load_or_create_state(state_dir, options, randbytes=os.urandom):
+    """The server's Identity, exactly as obfs4proxy 0.0.14 gets it (§5):
+
+    1. node-id, private-key, drbg-seed in ``options``: all three or none
+       ("missing argument 'private-key'"); given -> the file gets "public-key":"".
+       None -> load obfs4_state.json, or create a fresh identity and write it.
+    2. iat-mode in ``options`` overrides ("malformed iat-mode 'x'", "invalid iat-mode '3'").
+    3. Write obfs4_bridgeline.txt, then write the state back (public-key verbatim: it is
+       ignored on load and recomputed from private-key).
+
+    Files are created 0600, directories 0700. ValueError on anything bad.
+    """
+    state_dir = Path(state_dir)
+    try:
+        _make_state_dir(state_dir)
+        given = [name for name in ("node-id", "private-key", "drbg-seed") if name in options]
+        if not given:
+            path = state_dir / STATE_FILE
+            if path.exists():
+                state = _read_state(path)
+            else:
+                # obfs4proxy's order: node-id, then b = SHA-512(32 bytes)[0:32], then the seed.
+                node_id = randbytes(NODE_ID_LENGTH)
+                private_key = hashlib.sha512(randbytes(32)).digest()[:32]
+                drbg_seed = randbytes(SEED_LENGTH)
+                state = {"node-id": node_id.hex(), "private-key": private_key.hex(),
+                         "public-key": x25519_base(private_key).hex(),
+                         "drbg-seed": drbg_seed.hex(), "iat-mode": IAT_NONE}
+                _write_file(path, state_json(state))
+        else:
+            for name in ("private-key", "node-id", "drbg-seed"):
+                if name not in options:
+                    raise ValueError("missing argument '%s'" % name)
+            state = {"node-id": options["node-id"], "private-key": options["private-key"],
+                     "public-key": "", "drbg-seed": options["drbg-seed"], "iat-mode": IAT_NONE}
+        if "iat-mode" in options:
+            state["iat-mode"] = parse_iat_mode(options["iat-mode"])
+        if not IAT_NONE <= state["iat-mode"] <= IAT_PARANOID:
+            raise ValueError("invalid iat-mode '%d'" % state["iat-mode"])
+        identity = Identity(_from_hex(state["node-id"], NODE_ID_LENGTH, "node-id"),
+                            _from_hex(state["private-key"], KEY_LENGTH, "private-key"),
+                            _from_hex(state["drbg-seed"], SEED_LENGTH, "drbg-seed"),
+                            state["iat-mode"])
+        _write_file(state_dir / BRIDGE_FILE,
+                    (BRIDGE_LINE_TEMPLATE % (identity.cert, identity.iat_mode)).encode("ascii"))
+        _write_file(state_dir / STATE_FILE, state_json(state))
+    except OSError as error:
+        raise ValueError("obfs4 state directory %s: %s" % (state_dir, error.strerror or error))
+    return identity
+
+
+def parse_client_args(options):
+    """(NODEID, B, iat-mode) from the bridge line's arguments, as obfs4proxy's client:
+    ``cert`` (or, without it, the legacy ``node-id`` + ``public-key`` in hex), and
+    ``iat-mode`` 0..2, mandatory. Unknown keys are ignored. ValueError otherwise."""
+    if "cert" in options:
+        node_id, public_key = parse_cert(options["cert"])
+    else:
+        if "node-id" not in options:
+            raise ValueError("missing argument 'node-id'")
+        node_id = _from_hex(options["node-id"], NODE_ID_LENGTH, "node-id")
+        if "public-key" not in options:
+            raise ValueError("missing argument 'public-key'")
+        public_key = _from_hex(options["public-key"], KEY_LENGTH, "public-key")
+    if "iat-mode" not in options:
+        raise ValueError("missing argument 'iat-mode'")
+    return node_id, public_key, parse_iat_mode(options["iat-mode"])
+
+
+# --- The replay filter (§4) ----------------------------------------------------------
+
+class ReplayFilter:
+    """MAC_C values of recent valid handshakes, so that a replayed handshake gets no reply.
+
+    Entries live ``ttl`` seconds (first sighting, never refreshed); at most ``max_entries``,
+    the oldest evicted first; if the clock goes backwards the whole filter is emptied.
+    One filter per listener, shared by its connections' threads, hence the lock."""
+
+    def __init__(self, ttl=REPLAY_TTL, max_entries=REPLAY_MAX_ENTRIES):
+        self.ttl, self.max_entries = ttl, max_entries
+        self._first_seen = collections.OrderedDict()      # MAC_C -> time, oldest first
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        return len(self._first_seen)
+
+    def test_and_set(self, now, mac):
+        """True if ``mac`` was seen (a replay); otherwise remember it and return False."""
+        with self._lock:
+            self._compact(now)
+            if mac in self._first_seen:
+                return True
+            self._first_seen[mac] = now
+            return False
+
+    def _compact(self, now):
+        seen = self._first_seen
+        while seen:
+            oldest = next(iter(seen))
+            if len(seen) < self.max_entries:
+                age = now - seen[oldest]
+                if age < 0:                  # the clock jumped backwards
+                    seen.clear()
+                    return
+                if age < self.ttl:
+                    return
+            del seen[oldest]
+
+
+# --- ntor and the key schedule (§2.6) -----------------------------------------------
+
+ZERO_KEY = bytes(KEY_LENGTH)
+
+
+def ntor(exp1, exp2, public_key, x_u, y_u, node_id):
+    """(KEY_SEED, AUTH) from the two DH results; ProtocolError if either is all zero.
+
+    secret_input = EXP1 | EXP2 | B | B | X | Y | PROTOID | NODEID
+    KEY_SEED = HMAC(t_key, secret_input)   verify = HMAC(t_verify, secret_input)
+    AUTH     = HMAC(t_mac, verify | B | B | X | Y | PROTOID | NODEID | "Server")
+    """
+    if hmac.compare_digest(exp1, ZERO_KEY) | hmac.compare_digest(exp2, ZERO_KEY):
+        raise ProtocolError("ntor: a Diffie-Hellman result is zero (low-order key)")
+    suffix = public_key + public_key + x_u + y_u + PROTOID + node_id
+    secret_input = exp1 + exp2 + suffix
+    key_seed = hmac.new(T_KEY, secret_input, hashlib.sha256).digest()
+    verify = hmac.new(T_VERIFY, secret_input, hashlib.sha256).digest()
+    auth = hmac.new(T_MAC, verify + suffix + SERVER_STRING, hashlib.sha256).digest()
+    return key_seed, auth
+
+
+def client_ntor(x, x_u, y_u, public_key, node_id):
+    """Client: EXP1 = X25519(x, Y), EXP2 = X25519(x, B)."""
+    return ntor(x25519(x, y_u), x25519(x, public_key), public_key, x_u, y_u, node_id)
+
+
+def server_ntor(y, y_u, x_u, private_key, public_key, node_id):
+    """Server: EXP1 = X25519(y, X), EXP2 = X25519(b, X)."""
+    return ntor(x25519(y, x_u), x25519(private_key, x_u), public_key, x_u, y_u, node_id)
+
+
+def kdf(key_seed):
+    """OKM = HKDF-SHA256(IKM = KEY_SEED, salt = t_key, info = m_expand, L = 144);
+    OKM[0:72] is client->server, OKM[72:144] server->client (erratum 3)."""
+    return hkdf_sha256(key_seed, T_KEY, M_EXPAND, OKM_LENGTH)
+
+
+# --- Frames and packets (§2.8, §2.9) ---------------------------------------------------
+
+def make_packet(packet_type, payload=b"", padding=0):
+    """type (1) | n = len(payload) (2, big-endian) | payload | ``padding`` zero bytes."""
+    return PACKET_HEADER.pack(packet_type, len(payload)) + payload + bytes(padding)
+
+
+def parse_packet(packet):
+    """(type, payload) of a decrypted packet; ProtocolError if it is shorter than 3 bytes
+    or its n runs past its end (erratum 11). Padding after the payload is ignored."""
+    if len(packet) < PACKET_OVERHEAD:
+        raise ProtocolError("packet of %d bytes is shorter than its header" % len(packet))
+    packet_type, n = PACKET_HEADER.unpack_from(packet)
+    if n > len(packet) - PACKET_OVERHEAD:
+        raise ProtocolError("packet payload length %d exceeds the %d bytes present"
+                            % (n, len(packet) - PACKET_OVERHEAD))
+    return packet_type, packet[PACKET_OVERHEAD:PACKET_OVERHEAD + n]
+
+
+class FrameEncoder:
+    """One direction's sender: OKM's 72 bytes -> secretbox key | nonce prefix | DRBG seed.
+
+    frame = BE16(L XOR mask16) | tag | ciphertext, L = 16 + len(packet); the nonce
+    counter starts at 1 and we refuse to let it wrap."""
+
+    def __init__(self, key72):
+        self._box = SecretBox(key72[0:32], key72[32:48])
+        self._drbg = HashDrbg(key72[48:72])
+        self.counter = 1
+
+    def encode(self, packet):
+        if self.counter > MAX_NONCE_COUNTER:
+            raise ProtocolError("frame nonce counter would wrap")
+        box = self._box.seal(self.counter, packet)
+        self.counter += 1
+        return (len(box) ^ self._drbg.mask16()).to_bytes(LENGTH_LENGTH, "big") + box
+
+
+class FrameDecoder:
+    """One direction's receiver: bytes in any split -> the packets of complete frames.
+
+    1. length unknown: need 2 bytes; L = L_obf XOR mask16 (this draws a DRBG block even if
+       L then proves bad). L outside 16..1446: like obfs4proxy, pretend L is random in
+       16..1446, wait for that many bytes, then fail as a bad tag would.
+    2. wait for L bytes (L is remembered: no second draw), open the box, counter += 1.
+    """
+
+    def __init__(self, key72, randbelow=secrets.randbelow):
+        self._box = SecretBox(key72[0:32], key72[32:48])
+        self._drbg = HashDrbg(key72[48:72])
+        self._randbelow = randbelow
+        self.counter = 1
+        self._buffer = bytearray()
+        self._next_length = None
+        self._length_invalid = False
+
+    def decode(self, data):
+        buffer = self._buffer
+        buffer += data
+        pos, packets = 0, []
+        while True:
+            if self._next_length is None:
+                if len(buffer) - pos < LENGTH_LENGTH:
+                    break
+                length = (buffer[pos] << 8 | buffer[pos + 1]) ^ self._drbg.mask16()
+                pos += LENGTH_LENGTH
+                if not MIN_FRAME_LENGTH <= length <= MAX_FRAME_LENGTH:
+                    self._length_invalid = True
+                    length = MIN_FRAME_LENGTH + self._randbelow(MAX_FRAME_LENGTH - MIN_FRAME_LENGTH + 1)
+                self._next_length = length
+            length = self._next_length
+            if len(buffer) - pos < length:
+                break
+            if self._length_invalid:
+                raise ProtocolError("frame length out of range (failed after the pretend length)")
+            if self.counter > MAX_NONCE_COUNTER:
+                raise ProtocolError("frame nonce counter would wrap")
+            try:
+                packets.append(self._box.open(self.counter, bytes(buffer[pos:pos + length])))
+            except ValueError:
+                raise ProtocolError("frame %d: bad Poly1305 tag" % self.counter)
+            pos += length
+            self.counter += 1
+            self._next_length = None
+        del buffer[:pos]                      # at most one partial frame stays behind
+        return packets
+
+
+def pad_burst(burst_length, target):
+    """padBurst (§2.10): the padding frames that bring a burst of ``burst_length`` frame
+    bytes to ``target`` modulo 1448, as a list of zero-padding byte counts, one per
+    empty type-0 packet (each frame is that count + 21 bytes on the wire).
+
+        tail = burst_length mod 1448
+        pad  = target - tail if target >= tail else (1448 - tail) + target
+        pad > 21       -> [pad - 21]           one frame of exactly pad bytes
+        1 <= pad <= 21 -> [1427, pad]          1448 + (pad + 21) bytes: the quirk, copied
+        pad == 0       -> []
+    """
+    tail = burst_length % MAXIMUM_SEGMENT_LENGTH
+    if target >= tail:
+        pad = target - tail
+    else:
+        pad = (MAXIMUM_SEGMENT_LENGTH - tail) + target
+    if pad > HEADER_LENGTH:
+        return [pad - HEADER_LENGTH]
+    if pad > 0:
+        return [MAX_PACKET_PAYLOAD_LENGTH, pad]
+    return []
+
+
+# --- Configuration (once per listener or per client connection) ----------------------
+
+class _Config:
+    """What every connection of a config shares, and the injectable randomness:
+
+    ``clock()``              unix time in seconds (for E and the replay filter)
+    ``randbytes(n)``         CSPRNG bytes (handshake padding, the ephemeral keys)
+    ``pad_length(lo, hi)``   the handshake padding length, uniform in lo..hi
+    ``sample(dist)``         one draw from a lenDist/iatDist table
+    ``randbelow(n)``         the decoder's pretend length after a bad length field
+    ``keypairs()``           (priv, u, representative), or None for generate_keypair
+    """
+
+    def __init__(self, iat_mode):
+        self.iat_mode = iat_mode
+        self.clock = time.time
+        self.randbytes = os.urandom
+        self.pad_length = uniform_length
+        self.sample = sample_table
+        self.randbelow = secrets.randbelow
+        self.keypairs = None
+
+
+class ClientConfig(_Config):
+    """A client connection's view of the bridge: NODEID, B and our iat-mode."""
+
+    def __init__(self, node_id, public_key, iat_mode):
+        _Config.__init__(self, iat_mode)
+        self.node_id, self.public_key = bytes(node_id), bytes(public_key)
+
+
+class ServerConfig(_Config):
+    """A listener's identity, its tables (shared, read-only), close delay and replay filter."""
+
+    def __init__(self, identity):
+        _Config.__init__(self, identity.iat_mode)
+        self.identity = identity
+        self.node_id, self.public_key = identity.node_id, identity.public_key
+        self.len_dist = table(identity.drbg_seed, 0, MAXIMUM_SEGMENT_LENGTH)
+        self.iat_dist = None
+        if identity.iat_mode != IAT_NONE:
+            self.iat_dist = table(iat_seed(identity.drbg_seed), 0, MAX_IAT_DELAY)
+        self.close_delay = close_delay(identity.drbg_seed)
+        self.replay_filter = ReplayFilter()
+
+
+# --- The transport ---------------------------------------------------------------------
+
+class Obfs4:
+    """One side of one obfs4 connection, with no I/O (the contract in transports.py).
+
+    Client (``initiator=True``): ``start()`` is the whole client handshake; ``receive()``
+    returns b"" until the reply verifies, then the payload of the frames behind it.
+    Server: ``start()`` is b""; ``receive()`` checks the client handshake and leaves the
+    reply + seed frame in ``data_to_send()``; then ``is_open``. Both: ``send(plaintext)``
+    returns frames and padding; in iat-mode 1/2 (``paced``) ``send_paced(plaintext)``
+    returns (bytes, seconds to wait after them) pieces. Any peer error: ``ProtocolError``.
+    The ephemeral keypair is made here, before any byte is read or sent.
+    """
+
+    name = "obfs4"
+    ProtocolError = ProtocolError
+    expensive = True            # key generation and ntor: the core serialises the handshake
+    paced = False               # per connection: True in iat-mode 1 and 2 (use send_paced)
+    failure_linger = None       # per connection: the server's 30 s + close_delay
+
+    @classmethod
+    def client_config(cls, options):
+        return ClientConfig(*parse_client_args(options))
+
+    @classmethod
+    def server_config(cls, options, state_dir, randbytes=os.urandom):
+        """(ServerConfig, SMETHOD ARGS {"cert": ..., "iat-mode": "N"}); ``randbytes`` makes
+        a fresh identity when the state directory has none."""
+        if state_dir is None:
+            raise ValueError("obfs4 needs a state directory (--state-dir)")
+        identity = load_or_create_state(state_dir, options, randbytes)
+        return ServerConfig(identity), {"cert": identity.cert, "iat-mode": str(identity.iat_mode)}
+
+    def __init__(self, initiator, config):
+        self.initiator = initiator
+        self.config = config
+        self.iat_mode = config.iat_mode
+        self.paced = self.iat_mode != IAT_NONE
+        keypair = config.keypairs() if config.keypairs else generate_keypair(config.randbytes)
+        self._priv, self._u, self._representative = keypair
+        self._mac_key = config.public_key + config.node_id          # KEY = B | NODEID
+        self._buffer = bytearray()
+        self._peer_mark = None
+        self._to_send = b""
+        self._encoder = self._decoder = None
+        if initiator:
+            self.state = NEW
+            self.failure_linger = None
+            self._search_from = REPRESENTATIVE_LENGTH + AUTH_LENGTH + SERVER_MIN_PAD_LENGTH
+            # Our own random tables until the server's seed packet arrives (built lazily:
+            # with obfs4proxy or us as the server, the seed comes with the reply).
+            self._len_seed = None
+            self._len_dist = self._iat_dist = None
+        else:
+            self.state = WAIT_HANDSHAKE
+            self.failure_linger = SERVER_HANDSHAKE_TIMEOUT + config.close_delay
+            self._len_dist, self._iat_dist = config.len_dist, config.iat_dist
+
+    @property
+    def is_open(self):
+        return self.state == OPEN
+
+    def start(self):
+        """Client: X' | P_C | M_C | MAC_C (§2.3), remembering the E string it used."""
+        if not self.initiator:
+            return b""
+        if self.state != NEW:
+            raise RuntimeError("obfs4: start() called twice")
+        config = self.config
+        pad_length = config.pad_length(CLIENT_MIN_PAD_LENGTH, CLIENT_MAX_PAD_LENGTH)
+        mark = h16(self._mac_key, self._representative)                  # M_C = H16(KEY, X')
+        head = self._representative + config.randbytes(pad_length) + mark
+        self._epoch_hour = epoch_hour(config.clock())
+        self.state = WAIT_REPLY
+        return head + h16(self._mac_key, head + self._epoch_hour)        # MAC_C
+
+    def data_to_send(self):
+        out, self._to_send = self._to_send, b""
+        return out
+
+    def receive(self, data):
+        if self.state == OPEN:
+            return self._receive_frames(data)
+        if self.state == FAILED:
+            raise ProtocolError("obfs4: the connection has already failed")
+        if self.state == NEW:
+            raise RuntimeError("obfs4: receive() before start()")
+        try:
+            if self.initiator:
+                return self._receive_reply(data)
+            return self._receive_client_handshake(data)
+        except ProtocolError:
+            self._fail()
+            raise
+
+    def _fail(self):
+        self.state = FAILED
+        self._buffer = self._encoder = self._decoder = None
+
+    # The server's side of the handshake (§2.4).
+    def _receive_client_handshake(self, data):
+        buffer = self._buffer
+        buffer += data
+        # 1. Fewer than 64 bytes: wait.
+        if len(buffer) < CLIENT_MIN_HANDSHAKE_LENGTH:
+            return b""
+        # 2. M_C = H16(KEY, X'), computed once.
+        if self._peer_mark is None:
+            self._peer_mark = h16(self._mac_key, bytes(buffer[:REPRESENTATIVE_LENGTH]))
+        # 3. Tail check only: M_C must sit 32 bytes before min(len, 8192).
+        end = min(len(buffer), MAX_HANDSHAKE_LENGTH)
+        pos = end - MARK_LENGTH - MAC_LENGTH
+        if pos < REPRESENTATIVE_LENGTH + CLIENT_MIN_PAD_LENGTH or \
+                not hmac.compare_digest(buffer[pos:pos + MARK_LENGTH], self._peer_mark):
+            if len(buffer) >= MAX_HANDSHAKE_LENGTH:
+                raise ProtocolError("no client handshake in the first %d bytes" % MAX_HANDSHAKE_LENGTH)
+            return b""
+        # 4. MAC_C = H16(KEY, X' | P_C | M_C | E') for E' in (E, E - 1, E + 1), all three
+        #    computed; on a match, a MAC_C already in the replay filter is a replay.
+        now = self.config.clock()
+        hour = int(now) // 3600
+        head_mac = hmac.new(self._mac_key, bytes(buffer[:pos + MARK_LENGTH]), hashlib.sha256)
+        mac_c = bytes(buffer[pos + MARK_LENGTH:pos + MARK_LENGTH + MAC_LENGTH])
+        matched = None
+        for candidate in (hour, hour - 1, hour + 1):
+            e = str(candidate).encode("ascii")
+            mac = head_mac.copy()
+            mac.update(e)
+            if hmac.compare_digest(mac.digest()[:MAC_LENGTH], mac_c):
+                if self.config.replay_filter.test_and_set(now, mac_c):
+                    raise ProtocolError("replayed client handshake")
+                matched = e
+        # 5. No match: failed.
+        if matched is None:
+            raise ProtocolError("bad MAC_C (wrong bridge identity, or clock off by over an hour)")
+        # 6. Nothing may follow MAC_C.
+        if len(buffer) != pos + MARK_LENGTH + MAC_LENGTH:
+            raise ProtocolError("bytes after MAC_C")
+        # 7. X = ell2_direct(X'); ntor, server side.
+        x_u = elligator2_direct(bytes(buffer[:REPRESENTATIVE_LENGTH]))
+        identity = self.config.identity
+        key_seed, auth = server_ntor(self._priv, self._u, x_u, identity.private_key,
+                                     identity.public_key, identity.node_id)
+        okm = kdf(key_seed)
+        self._encoder = FrameEncoder(okm[DIRECTION_KEY_LENGTH:])         # server -> client
+        self._decoder = FrameDecoder(okm[:DIRECTION_KEY_LENGTH], self.config.randbelow)
+        # 8. Reply Y' | AUTH | P_S | M_S | MAC_S and the seed frame, in one piece.
+        pad_length = self.config.pad_length(SERVER_MIN_PAD_LENGTH, SERVER_MAX_PAD_LENGTH)
+        head = (self._representative + auth + self.config.randbytes(pad_length)
+                + h16(self._mac_key, self._representative))              # M_S = H16(KEY, Y')
+        seed_frame = self._encoder.encode(make_packet(PACKET_TYPE_PRNG_SEED, identity.drbg_seed))
+        self._to_send = head + h16(self._mac_key, head + matched) + seed_frame
+        self._buffer = None
+        self.state = OPEN
+        return b""
+
+    # The client's side of the handshake (§2.7).
+    def _receive_reply(self, data):
+        buffer = self._buffer
+        buffer += data
+        # 1. Wait for 96 bytes; M_S = H16(KEY, Y'), computed once.
+        if len(buffer) < SERVER_MIN_HANDSHAKE_LENGTH:
+            return b""
+        if self._peer_mark is None:
+            self._peer_mark = h16(self._mac_key, bytes(buffer[:REPRESENTATIVE_LENGTH]))
+        # 2. The first M_S in buffer[64:min(len, 8192)], with room for MAC_S after it.
+        #    Bytes already searched are not searched again.
+        end = min(len(buffer), MAX_HANDSHAKE_LENGTH)
+        pos = buffer.find(self._peer_mark, self._search_from, end)
+        if pos == -1 or pos + MARK_LENGTH + MAC_LENGTH > end:
+            self._search_from = pos if pos != -1 else max(self._search_from, end - MARK_LENGTH + 1)
+            if len(buffer) >= MAX_HANDSHAKE_LENGTH:
+                raise ProtocolError("no server mark in the first %d bytes" % MAX_HANDSHAKE_LENGTH)
+            return b""
+        # 3. MAC_S = H16(KEY, Y' | AUTH | P_S | M_S | E), E the string we sent.
+        mac_s = h16(self._mac_key, bytes(buffer[:pos + MARK_LENGTH]) + self._epoch_hour)
+        if not hmac.compare_digest(mac_s, buffer[pos + MARK_LENGTH:pos + MARK_LENGTH + MAC_LENGTH]):
+            raise ProtocolError("bad MAC_S")
+        # 4. Y = ell2_direct(Y'); ntor, client side; AUTH must match.
+        y_u = elligator2_direct(bytes(buffer[:REPRESENTATIVE_LENGTH]))
+        key_seed, auth = client_ntor(self._priv, self._u, y_u, self.config.public_key,
+                                     self.config.node_id)
+        if not hmac.compare_digest(auth, buffer[REPRESENTATIVE_LENGTH:REPRESENTATIVE_LENGTH + AUTH_LENGTH]):
+            raise ProtocolError("bad AUTH: this is not the bridge of the cert")
+        # 5. Keys; everything after MAC_S is the server's frame stream.
+        okm = kdf(key_seed)
+        self._encoder = FrameEncoder(okm[:DIRECTION_KEY_LENGTH])         # client -> server
+        self._decoder = FrameDecoder(okm[DIRECTION_KEY_LENGTH:], self.config.randbelow)
+        rest = bytes(buffer[pos + MARK_LENGTH + MAC_LENGTH:])
+        self._buffer = None
+        self.state = OPEN
+        return self._receive_frames(rest)
+
+    # The data phase.
+    def _receive_frames(self, data):
+        try:
+            out = []
+            for packet in self._decoder.decode(data):
+                packet_type, payload = parse_packet(packet)
+                if packet_type == PACKET_TYPE_PAYLOAD:
+                    out.append(payload)
+                elif packet_type == PACKET_TYPE_PRNG_SEED:
+                    # Only the client acts on it, and only on a 24-byte seed (§2.9).
+                    if self.initiator and len(payload) == SEED_PACKET_PAYLOAD_LENGTH:
+                        self._reseed(bytes(payload))
+                # Other types are authenticated, then ignored.
+            return b"".join(out)
+        except ProtocolError:
+            self._fail()
+            raise
+
+    def _reseed(self, seed):
+        """The client's tables from a seed: lenDist = table(seed, 0, 1448); with iat-mode
+        != 0 also iatDist = table(SHA-256(seed)[0:24], 0, 100). Built on first use."""
+        self._len_seed = seed
+        self._len_dist = self._iat_dist = None
+
+    def _length_dist(self):
+        if self._len_dist is None:
+            if self._len_seed is None:          # no seed packet yet: our own random table
+                self._len_seed = self.config.randbytes(SEED_LENGTH)
+            self._len_dist = table(self._len_seed, 0, MAXIMUM_SEGMENT_LENGTH)
+        return self._len_dist
+
+    def _iat_delay(self):
+        """Seconds to wait after a piece: iatDist.sample() x 100 µs."""
+        if self._iat_dist is None:
+            self._length_dist()                 # makes sure a seed exists
+            self._iat_dist = table(iat_seed(self._len_seed), 0, MAX_IAT_DELAY)
+        return self.config.sample(self._iat_dist) * IAT_UNIT
+
+    def _data_frames(self, plaintext):
+        """Step 1 of §2.10: chunks of at most 1427 bytes, each one unpadded type-0 frame."""
+        if self._encoder is None:
+            raise RuntimeError("obfs4: send() before the handshake completed")
+        view = memoryview(plaintext)
+        encode, header = self._encoder.encode, PACKET_HEADER.pack
+        return [encode(header(PACKET_TYPE_PAYLOAD, len(chunk)) + chunk)
+                for chunk in (bytes(view[i:i + MAX_PACKET_PAYLOAD_LENGTH])
+                              for i in range(0, len(view), MAX_PACKET_PAYLOAD_LENGTH))]
+
+    def _padding_frames(self, burst_length, target):
+        return [self._encoder.encode(make_packet(PACKET_TYPE_PAYLOAD, b"", padding))
+                for padding in pad_burst(burst_length, target)]
+
+    def send(self, plaintext):
+        """One burst (§2.10): data frames, then padBurst to a lenDist target."""
+        if self.paced:
+            return b"".join(piece for piece, _ in self.send_paced(plaintext))
+        frames = self._data_frames(plaintext)
+        if not frames:
+            return b""
+        burst_length = sum(map(len, frames))
+        frames += self._padding_frames(burst_length, self.config.sample(self._length_dist()))
+        return b"".join(frames)
+
+    def send_paced(self, plaintext):
+        """iat-mode 1 and 2 (§6.4): [(bytes, seconds to wait after them), ...].
+
+        1: the padded burst cut into pieces of at most 1448 bytes (not on frame bounds).
+        2: no burst padding; each piece is exactly a lenDist sample t: when fewer than t
+           bytes are left, padBurst them to t; if that took two frames, sample again.
+           A sample of 0 is drawn again (obfs4proxy panics there, erratum 14).
+        """
+        frames = self._data_frames(plaintext)
+        if not frames:
+            return []
+        if self.iat_mode == IAT_ENABLED:
+            burst_length = sum(map(len, frames))
+            frames += self._padding_frames(burst_length, self.config.sample(self._length_dist()))
+            burst = b"".join(frames)
+            return [(burst[i:i + MAXIMUM_SEGMENT_LENGTH], self._iat_delay())
+                    for i in range(0, len(burst), MAXIMUM_SEGMENT_LENGTH)]
+        buffer, pos, pieces = bytearray(b"".join(frames)), 0, []
+        while pos < len(buffer):
+            target = self._nonzero_length()
+            if len(buffer) - pos < target:
+                buffer += b"".join(self._padding_frames(len(buffer) - pos, target))
+                if len(buffer) - pos != target:
+                    continue
+            pieces.append((bytes(buffer[pos:pos + target]), self._iat_delay()))
+            pos += target
+        return pieces
+
+    def _nonzero_length(self):
+        dist = self._length_dist()
+        if not any(dist.values):                # a table of only 0: no sample would do
+            return MAXIMUM_SEGMENT_LENGTH
+        while True:
+            target = self.config.sample(dist)
+            if target:
+                return target
