@@ -27,17 +27,16 @@ unsupported); ``main`` prints it on one line and exits with status 1.
 """
 
 import hashlib
-import itertools
 import logging
 import os
 import socket
 import struct
 import sys
-import threading
 import time
 from pathlib import Path
 
 import obfs2
+import transports
 
 log = logging.getLogger("obfsproxy")
 
@@ -473,90 +472,9 @@ def read_pcap(path):
 #     <YYYYmmdd-HHMMSS>-<client|server>-<pid>-<n>.responder.bin   bytes the responder sent
 # "client" or "server" says which end recorded them; both see the same bytes.
 
-ROLE_SUFFIXES = (".initiator.bin", ".responder.bin")
 
 
-class Recorder:
-    """A transport that copies every wire byte of the one it wraps.
-
-    ``sent(bytes)`` receives what this side puts on the wire (its handshake,
-    then ciphertext); ``received(bytes)`` what arrived from the peer, before
-    decryption. Otherwise it is the wrapped transport.
-    """
-
-    def __init__(self, inner, sent, received):
-        self.inner, self.name, self.initiator = inner, inner.name, inner.initiator
-        self._sent, self._received = sent, received
-
-    @property
-    def is_open(self):
-        return self.inner.is_open
-
-    def start(self):
-        data = self.inner.start()
-        self._sent(data)
-        self._received(b"")
-        return data
-
-    def receive(self, data):
-        self._received(data)
-        return self.inner.receive(data)
-
-    def send(self, data):
-        out = self.inner.send(data)
-        self._sent(out)
-        return out
-
-    def receive_in_place(self, buffer):
-        self._received(bytes(buffer))
-        self.inner.receive_in_place(buffer)
-
-    def send_in_place(self, buffer):
-        self.inner.send_in_place(buffer)
-        self._sent(bytes(buffer))
-
-
-_record_lock = threading.Lock()
-_record_numbers = itertools.count(1)
-_record_dirs = set()
-
-
-def _appender(path):
-    def append(data):
-        # Open per write: nothing to close, nothing lost at a crash. Owner-only:
-        # anyone who can read these can decrypt them (unmask).
-        fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND
-                     | getattr(os, "O_BINARY", 0), 0o600)
-        with os.fdopen(fd, "ab") as f:
-            f.write(data)
-    return append
-
-
-def prepare_record_dir(directory):
-    """Create ``directory`` and warn that traffic is being stored: once per
-    process and directory (call it at startup; ``record_to_dir`` calls it too)."""
-    directory = Path(directory)
-    with _record_lock:
-        if directory not in _record_dirs:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            log.warning("--record-dir: saving the raw wire bytes of every connection in %s. "
-                        "This stores traffic, which anyone can decrypt with `obfsproxy.py "
-                        "unmask`: for teaching and debugging only.", directory)
-            _record_dirs.add(directory)
-    return directory
-
-
-def record_to_dir(transport, directory):
-    """Wrap ``transport`` so that its connection's wire bytes are saved in
-    ``directory`` as <prefix>.initiator.bin and <prefix>.responder.bin."""
-    directory = prepare_record_dir(directory)
-    with _record_lock:
-        number = next(_record_numbers)
-    prefix = "%s-%s-%d-%d" % (time.strftime("%Y%m%d-%H%M%S"),
-                              "client" if transport.initiator else "server", os.getpid(), number)
-    ours, theirs = ROLE_SUFFIXES if transport.initiator else ROLE_SUFFIXES[::-1]
-    return Recorder(transport, _appender(directory / (prefix + ours)),
-                    _appender(directory / (prefix + theirs)))
+ROLE_SUFFIXES = transports.ROLE_SUFFIXES
 
 
 def read_recordings(paths):
@@ -814,33 +732,28 @@ def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out):
     return True
 
 
-def main(args, out=None):
+def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=False,
+         output_dir=None, state_dir=None, out=None):
     """``obfsproxy.py unmask|detect [options] <capture>...``: 0 on success,
     1 when the capture cannot be read (or, for unmask, nothing could be
     unmasked)."""
-    import obfsproxy
     out = out or sys.stdout
-    command = "unmask" if args["unmask"] else "detect"
-    settings, _ = obfsproxy.settings_from_args(args)
-    secret = settings.shared_secret
     secret_hash = hashlib.sha256(secret.encode()).digest() if secret else None  # "" is none, as in obfs2.py
-    iterations = settings.hash_iterations
     obfs2.read_header(bytes(obfs2.HEADER_LENGTH), True)   # warm up: time the checks, not the imports
     try:
-        descriptions, conversations = load(args["<capture>"])
+        descriptions, conversations = load(paths)
         for description in descriptions:
             print(description, file=out)
         print(file=out)
         if command == "detect":
             return run_detect(conversations, secret_hash, iterations, out)
-        output_dir = args.get("--output-dir")
         if output_dir:
             Path(output_dir).mkdir(parents=True, exist_ok=True)
         unmasked = 0
         for number, conv in enumerate(conversations, 1):
             if number > 1:
                 print(file=out)
-            unmasked += unmask_one(conv, secret_hash, iterations, args.get("--full"),
+            unmasked += unmask_one(conv, secret_hash, iterations, full,
                                    output_dir, number, out)
         if not conversations:
             print("no TCP connection with data in the capture", file=out)

@@ -18,16 +18,21 @@ bytes back to the message, and each side read the other's PADLEN. The
 presentation helpers live in capture.py, which ``unmask`` shares.
 """
 
+import dataclasses
 import math
 import socket
 import struct
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import capture
 import obfs2
-import obfsproxy
+import proxy as proxy_
+import transports
+from outbound import format_address
 
 MESSAGE = (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
            b" <- a TLS ClientHello starts like this; a DPI box matches it. "
@@ -36,31 +41,25 @@ SIGNATURES = [("TLS record header 16 03 01", b"\x16\x03\x01"), ('"ClientHello"',
               ('"obfs2 tunnel"', b"obfs2 tunnel")]
 
 
-class TappedSettings(obfsproxy.Settings):
-    """Settings whose transports keep a copy of their wire bytes in memory
-    (``capture.Recorder``, the same wrapper as --record-dir)."""
+class Tap:
+    """Keeps each new transport's wire bytes in memory (``transports.Recorder``,
+    the same wrapper as --record-dir): ``Settings(tap=Tap())``."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self):
         self.taps = []            # (transport, bytes it sent, bytes it received)
 
-    def new_transport(self, initiator, args=None):
-        transport = super().new_transport(initiator, args)
+    def __call__(self, transport):
         sent, received = bytearray(), bytearray()
         self.taps.append((transport, sent, received))
-        return capture.Recorder(transport, sent.extend, received.extend)
+        return transports.Recorder(transport, sent.extend, received.extend)
 
 
-def innermost(transport):
-    """The protocol object under any --record-dir wrapper."""
-    while isinstance(transport, capture.Recorder):
-        transport = transport.inner
-    return transport
+innermost = transports.innermost
 
 
 def echo_service():
     """A plain TCP echo on 127.0.0.1: returns (address, listening socket)."""
-    listener = obfsproxy.listen(("127.0.0.1", 0))
+    listener = proxy_.listen(("127.0.0.1", 0))
 
     def serve_one(conn):
         with conn:
@@ -114,18 +113,23 @@ def entropy(data):
     return -sum(c / len(data) * math.log2(c / len(data)) for c in counts if c)
 
 
-def run_exchange(settings):
+def run_exchange(name, options, settings):
     """Echo, server and client on 127.0.0.1; send MESSAGE through them.
     Returns (echoed bytes, client taps, server taps, addresses, seconds)."""
-    common = dict(transport=settings.transport, shared_secret=settings.shared_secret,
-                  hash_iterations=settings.hash_iterations,
-                  handshake_timeout=settings.handshake_timeout, record_dir=settings.record_dir)
+    cls = transports.transport_class(name)
     echo_address, echo_listener = echo_service()
-    server_settings = TappedSettings(dest=echo_address, **common)
-    client_settings = TappedSettings(**common)
-    proxy = obfsproxy.Proxy()
-    server_address = proxy.listen(("127.0.0.1", 0), obfsproxy.handle_server, server_settings)
-    client_address = proxy.listen(("127.0.0.1", 0), obfsproxy.handle_socks_client, client_settings)
+    state = tempfile.TemporaryDirectory(prefix="obfsproxy-demo-")
+    server_config, announce = cls.server_config(
+        {k: v for k, v in options.items() if k != "cert"}, Path(state.name))
+    client_options = dict(options, **announce)   # the bridge line's arguments
+    server_tap, client_tap = Tap(), Tap()
+    server_settings = dataclasses.replace(settings, transport=name, config=server_config,
+                                          dest=echo_address, tap=server_tap)
+    client_settings = dataclasses.replace(settings, transport=name, options=client_options,
+                                          tap=client_tap)
+    proxy = proxy_.Proxy()
+    server_address = proxy.listen(("127.0.0.1", 0), proxy_.handle_server, server_settings)
+    client_address = proxy.listen(("127.0.0.1", 0), proxy_.handle_socks_client, client_settings)
     threading.Thread(target=proxy.serve, daemon=True).start()
     started = time.perf_counter()
     try:
@@ -141,17 +145,18 @@ def run_exchange(settings):
     finally:
         proxy.stop()
         echo_listener.close()
+        state.cleanup()
     addresses = (echo_address, server_address, client_address)
-    return (echoed, client_settings.taps[0], server_settings.taps[0], addresses,
+    return (echoed, client_tap.taps[0], server_tap.taps[0], addresses,
             time.perf_counter() - started)
 
 
-def main(args):
-    settings, _ = obfsproxy.settings_from_args(args)
+def main(name, options, settings):
+    """``obfsproxy.py demo``: 0 when the message came back byte for byte."""
     style = capture.Style.for_stream(sys.stdout)
     title = lambda text: print("\n" + style("title", text))
     try:
-        echoed, client_tap, server_tap, addresses, seconds = run_exchange(settings)
+        echoed, client_tap, server_tap, addresses, seconds = run_exchange(name, options, settings)
     except (RuntimeError, OSError) as exc:
         print(style("bad", "FAILED: the demo connection did not work: %s" % exc))
         return 1
@@ -160,14 +165,14 @@ def main(args):
     echo_address, server_address, client_address = addresses
 
     print(style("title", "obfsproxy.py demo: the %s tunnel on 127.0.0.1, in one process"
-                % settings.transport))
+                % name))
     print("  demo app --SOCKS5--> client %s ===%s===> server %s --plain--> echo %s"
-          % (obfsproxy.format_address(client_address), settings.transport,
-             obfsproxy.format_address(server_address), obfsproxy.format_address(echo_address)))
+          % (format_address(client_address), name,
+             format_address(server_address), format_address(echo_address)))
     print("  The client is the initiator (it opened the TCP connection); the server is the responder.")
-    if settings.record_dir is not None:
-        print("  The wire bytes were also saved in %s: try `python obfsproxy.py unmask %s`."
-              % (settings.record_dir, settings.record_dir))
+    if settings.record is not None:
+        print("  The wire bytes were also saved in %s: try `python3 obfsproxy.py unmask %s`."
+              % (settings.record.directory, settings.record.directory))
     problems = []
     if c_sent != s_received or s_sent != c_received:
         problems.append("what one side sent differs from what the other received")
@@ -179,7 +184,7 @@ def main(args):
     else:
         title("1. and 2. The handshake and the keys: none")
         print("  The %s transport has no handshake and no keys: the wire carries the application's "
-              "bytes unchanged." % settings.transport)
+              "bytes unchanged." % name)
         c_data, s_data = c_sent, s_sent
     title("3. The first application bytes")
     print("  the application sent %d bytes, in clear:" % len(MESSAGE))
@@ -215,7 +220,7 @@ def main(args):
             print("  A censor who knows obfs2 needs no string: one SHA-256 over the first 16 bytes and\n"
                   "  one AES block over the next 8 reveal 2b f5 ca 7e (`obfsproxy.py detect`), and the\n"
                   "  two seeds, sent in clear, give every key above (`obfsproxy.py unmask`).")
-            print("  Try `python obfsproxy.py demo --shared-secret=SECRET` to see what a shared "
+            print("  Try `python3 obfsproxy.py demo --shared-secret=SECRET` to see what a shared "
                   "secret changes.")
         else:
             n = client.iterations

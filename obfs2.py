@@ -26,13 +26,13 @@ H(x)                     ``sha256(x)``
 H^n(x)                   ``_iterated_sha256(x, n)``
 MAC(s, x)                ``mac(s, x)`` = H(s | x | s)
 MAC with a secret        ``mac(s, x, secret_hash, n)`` = H^n(s | x | H(SECRET) | s)
-E(K, data)               AES-128-CTR, ``_ctr(m)``: key m[:16], counter m[16:]
+E(K, data)               AES-128-CTR, ``ctr(m)``: key m[:16], counter m[16:]
 INIT_SEED / RESP_SEED    ``Obfs2.seed`` on each side, ``peer_seed``
 INIT_PAD / RESP_PAD      ``pad_key(seed, initiator)``
 INIT_SECRET/RESP_SECRET  ``data_keys(init_seed, resp_seed)``
 =======================  ===========================================
 
-The handshake message (each side sends exactly one, without waiting)
+The handshake message (each side sends exactly one; see the answer-later rule)
 ---------------------------------------------------------------------
 ::
 
@@ -86,6 +86,7 @@ MAX_PADDING = 8192
 KEYLEN = 16
 IVLEN = 16
 HASH_ITERATIONS = 100000
+MAX_HASH_ITERATIONS = 10 ** 7  # a bound: a SOCKS argument must not stall a thread for hours
 HEADER_LENGTH = SEED_LENGTH + 8  # SEED | E(MAGIC | PADLEN)
 
 INIT_PAD_LABEL = b"Initiator obfuscation padding"
@@ -161,18 +162,56 @@ def read_header(header, initiator, secret_hash=None, iterations=HASH_ITERATIONS)
     return seed, magic, padlen, stream
 
 
+class Config:
+    """What one listener (or one SOCKS connection) tells its obfs2 sides.
+
+    ``shared_secret``: str or bytes, or None; an empty secret is no secret, as
+    in Python obfsproxy (``if secret:``), so that a SOCKS argument
+    ``shared-secret=`` still talks to a server without one.
+    ``hash_iterations``: n in H^n, shared-secret mode only.
+    """
+
+    def __init__(self, shared_secret=None, hash_iterations=HASH_ITERATIONS):
+        if not 1 <= hash_iterations <= MAX_HASH_ITERATIONS:
+            raise ValueError("hash_iterations must be in 1..%d" % MAX_HASH_ITERATIONS)
+        self.shared_secret = shared_secret or None
+        self.hash_iterations = hash_iterations
+
+
+# The options obfs2 takes (--transport-options, SOCKS arguments, Tor's
+# TOR_PT_SERVER_TRANSPORT_OPTIONS). ss-hash-iterations is ours (the spec's
+# default is 100000); obfs4proxy's obfs2 refuses shared-secret altogether.
+OPTIONS = ("shared-secret", "ss-hash-iterations")
+
+
+def _config(options):
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError("unknown obfs2 argument(s): %s (obfs2 takes %s)"
+                         % (", ".join(unknown), ", ".join(OPTIONS)))
+    text = options.get("ss-hash-iterations", str(HASH_ITERATIONS))
+    if not text.isdigit():
+        raise ValueError("ss-hash-iterations must be a whole number, not %r" % text)
+    return Config(options.get("shared-secret"), int(text))
+
+
 class Obfs2:
     """One side of one obfs2 connection, with no I/O.
 
-    Methods for the caller (the transport contract, shared with ``Dummy``):
+    Methods for the caller (the transport contract, written once in
+    transports.py):
 
     ``start() -> bytes``
-        Our handshake message. Send it at once; do not wait for the peer.
+        Our handshake message, to send at once: both sides send without
+        waiting, except a responder with a shared secret (below).
     ``receive(data) -> bytes``
         Feed bytes from the peer in any split. Returns the plaintext they
         carried, which is empty until the handshake is done. Bytes that arrive
         glued to the end of the padding come out of the same call.
         Raises ``ProtocolError`` when the peer is not obfs2.
+    ``data_to_send() -> bytes``
+        What receiving made us owe the peer: only a shared-secret responder
+        owes anything (its handshake, once the initiator's has checked out).
     ``send(plaintext) -> bytes``
         The bytes to put on the wire. Only once ``is_open``.
     ``is_open``
@@ -180,29 +219,51 @@ class Obfs2:
         exist.
     ``send_in_place(buffer)``, ``receive_in_place(buffer)``
         The data phase's fast path: transform the bytes of a writable buffer
-        (a memoryview of a bytearray) where they lie, with no new allocation.
-        The same keystreams as ``send`` and ``receive``; only once ``is_open``.
+        (a memoryview of a bytearray) where they lie, with no new allocation,
+        and return True. The same keystreams as ``send`` and ``receive``.
 
     ``initiator`` is True for the side that opened the TCP connection (our
     client), False for the side that accepted it (our server).
+
+    The answer-later rule: in shared-secret mode every key costs
+    4 x HASH_ITERATIONS SHA-256 (``expensive``), paid before the peer can be
+    checked. So that a bare connect costs a server nothing, the responder
+    then says nothing in ``start()`` and answers through ``data_to_send()``
+    once the initiator's handshake has arrived and checked out. The
+    initiator never waits for us before sending, so this cannot deadlock.
     """
 
     name = "obfs2"
+    ProtocolError = ProtocolError
 
-    def __init__(self, initiator, shared_secret=None, hash_iterations=HASH_ITERATIONS,
-                 randbytes=secrets.token_bytes, padlen=None):
+    @classmethod
+    def client_config(cls, options):
+        return _config(options)
+
+    @classmethod
+    def server_config(cls, options, state_dir=None):
+        config = _config(options)
+        secret = config.shared_secret
+        if isinstance(secret, bytes):
+            secret = secret.decode("utf-8", "replace")
+        # The client needs the secret in its Bridge line: Tor publishes ARGS.
+        return config, ({"shared-secret": secret} if secret else {})
+
+    def __init__(self, initiator, config=None, randbytes=secrets.token_bytes, padlen=None,
+                 **config_fields):
+        config = config or Config(**config_fields)
         self.initiator = initiator
-        # An empty secret is no secret, as in Python obfsproxy ("if secret:"),
-        # so that a SOCKS argument "shared-secret=" still talks to it.
+        shared_secret = config.shared_secret
         if not shared_secret:
             self.secret_hash = None
         else:
             if isinstance(shared_secret, str):
                 shared_secret = shared_secret.encode()
             self.secret_hash = hashlib.sha256(shared_secret).digest()
-        if hash_iterations < 1:
-            raise ValueError("hash_iterations must be at least 1")
-        self.iterations = hash_iterations
+        self.iterations = config.hash_iterations
+        self.expensive = self.secret_hash is not None
+        self._answer_later = self.expensive and not initiator
+        self._owed = b""
         self._randbytes = randbytes
         self.seed = randbytes(SEED_LENGTH)
         # PADLEN is uniform in 0..MAX_PADDING inclusive, from a CSPRNG.
@@ -221,7 +282,16 @@ class Obfs2:
         return self.state == OPEN
 
     def start(self):
-        """SEED | E(own PAD, UINT32(MAGIC_VALUE) | UINT32(PADLEN) | padding)."""
+        """SEED | E(own PAD, UINT32(MAGIC_VALUE) | UINT32(PADLEN) | padding),
+        or b"" for a shared-secret responder (see the answer-later rule)."""
+        return b"" if self._answer_later else self.handshake()
+
+    def data_to_send(self):
+        owed, self._owed = self._owed, b""
+        return owed
+
+    def handshake(self):
+        """Our handshake message: SEED | E(own PAD, MAGIC | PADLEN | padding)."""
         stream = ctr(pad_key(self.seed, self.initiator, self.secret_hash, self.iterations))
         body = struct.pack(">II", MAGIC_VALUE, self.padlen) + self._randbytes(self.padlen)
         return self.seed + stream.encrypt(body)
@@ -270,6 +340,8 @@ class Obfs2:
         self._encrypt = self._send_stream.encrypt
         self._decrypt = self._receive_stream.decrypt
         self.state = OPEN
+        if self._answer_later:  # the initiator checked out: now we answer
+            self._owed = self.handshake()
         trailing, self._buffer = bytes(self._buffer), None
         return self._decrypt(trailing) if trailing else b""
 
@@ -282,8 +354,10 @@ class Obfs2:
         if self._encrypt is None:
             raise RuntimeError("obfs2: send_in_place() before the handshake completed")
         self._encrypt(buffer, output=buffer)
+        return True
 
     def receive_in_place(self, buffer):
         if self._decrypt is None:
             raise RuntimeError("obfs2: receive_in_place() before the handshake completed")
         self._decrypt(buffer, output=buffer)
+        return True

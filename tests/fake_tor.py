@@ -10,6 +10,7 @@ Synchronisation is on real events only: lines on stdout, a refused connect
 (``support.assert_refused``), a process exit.
 """
 
+import contextlib
 import hashlib
 import hmac
 import io
@@ -331,3 +332,26 @@ class ExtORPort(EchoServer):
 
 def _hmac(key, label, client_nonce, server_nonce):
     return hmac.new(key, label + client_nonce + server_nonce, hashlib.sha256).digest()
+
+
+def client_env(tmp_path, transports="obfs2", **variables):
+    settings = {"CLIENT_TRANSPORTS": transports, "EXIT_ON_STDIN_CLOSE": "1"}
+    settings.update(variables)
+    return tor_env(tmp_path / "client-state", **settings)
+
+
+def server_env(tmp_path, orport, transports="obfs2", bindaddr="obfs2-127.0.0.1:0", **variables):
+    # Like tor 0.4.9: TOR_PT_EXTENDED_SERVER_PORT is always set, empty when unused.
+    settings = {"SERVER_TRANSPORTS": transports, "SERVER_BINDADDR": bindaddr,
+                "ORPORT": "%s:%d" % orport, "EXTENDED_SERVER_PORT": "",
+                "EXIT_ON_STDIN_CLOSE": "1"}
+    settings.update(variables)
+    return tor_env(tmp_path / "server-state", **settings)
+
+
+@contextlib.contextmanager
+def managed_echo_server(tmp_path, **variables):
+    """``obfsproxy.py managed`` as an obfs2 server (``server_env``) in front
+    of an echo service; yields the ManagedPT."""
+    with EchoServer() as service, ManagedPT(server_env(tmp_path, service.address, **variables)) as pt:
+        yield pt

@@ -5,9 +5,9 @@ Every subprocess test goes through ``ManagedPT``, which fails the test if any
 stdout line is not a pluggable-transport message.
 """
 
-import contextlib
 import hashlib
 import os
+import re
 import signal
 import socket
 import struct
@@ -15,7 +15,16 @@ import subprocess
 import sys
 
 import pytest
-from fake_tor import ExtORPort, ManagedPT, Obfs2Client, tor_env, write_cookie
+from fake_tor import (
+    ExtORPort,
+    ManagedPT,
+    Obfs2Client,
+    client_env,
+    managed_echo_server,
+    server_env,
+    tor_env,
+    write_cookie,
+)
 from support import (
     PROGRAM,
     ROOT,
@@ -32,33 +41,10 @@ from support import (
 )
 
 import managed
-import obfsproxy
+import outbound
 
 FAST = "--ss-hash-iterations=10"   # shared-secret mode, cheap enough for tests
 POSIX_SIGNALS = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-
-
-def client_env(tmp_path, transports="obfs2", **variables):
-    settings = {"CLIENT_TRANSPORTS": transports, "EXIT_ON_STDIN_CLOSE": "1"}
-    settings.update(variables)
-    return tor_env(tmp_path / "client-state", **settings)
-
-
-def server_env(tmp_path, orport, transports="obfs2", bindaddr="obfs2-127.0.0.1:0", **variables):
-    # Like tor 0.4.9: TOR_PT_EXTENDED_SERVER_PORT is always set, empty when unused.
-    settings = {"SERVER_TRANSPORTS": transports, "SERVER_BINDADDR": bindaddr,
-                "ORPORT": "%s:%d" % orport, "EXTENDED_SERVER_PORT": "",
-                "EXIT_ON_STDIN_CLOSE": "1"}
-    settings.update(variables)
-    return tor_env(tmp_path / "server-state", **settings)
-
-
-@contextlib.contextmanager
-def managed_echo_server(tmp_path, **variables):
-    """``obfsproxy.py managed`` as an obfs2 server (``server_env``) in front
-    of an echo service; yields the ManagedPT."""
-    with EchoServer() as echo, ManagedPT(server_env(tmp_path, echo.address, **variables)) as pt:
-        yield pt
 
 
 def same(a, b):
@@ -93,9 +79,9 @@ def test_bindaddrs_malformed(text):
 
 
 def test_transport_names():
-    assert managed.parse_transports("obfs4,obfs2, obfs2,meek") == (["obfs2"], ["obfs4", "meek"])
-    assert managed.parse_transports("*") == (["obfs2", "dummy"], [])
-    assert managed.parse_transports("dummy,*") == (["dummy", "obfs2"], [])
+    assert managed.parse_transports("obfs4,obfs2, obfs2,meek") == (["obfs4", "obfs2"], ["meek"])
+    assert managed.parse_transports("*") == (["obfs4", "obfs3", "obfs2", "dummy"], [])
+    assert managed.parse_transports("dummy,*") == (["dummy", "obfs4", "obfs3", "obfs2"], [])
     assert managed.parse_transports("") == ([], [])
 
 
@@ -144,8 +130,8 @@ def ext_handshake(tmp_path, server_cookie, file_cookie, answer="OKAY",
     with ExtORPort(server_cookie, answer) as ext:
         with socket.create_connection(ext.address, timeout=10) as sock:
             try:
-                managed.ext_orport_handshake(sock, cookie_file, client, "obfs2",
-                                             obfsproxy.Deadline(10))
+                outbound.ext_orport_handshake(sock, cookie_file, client, "obfs2",
+                                             outbound.Deadline(10))
                 sock.sendall(b"hello")
                 assert recv_exact(sock, 5) == b"hello"
             finally:
@@ -165,22 +151,22 @@ def test_ext_orport_okay(tmp_path):
 
 def test_ext_orport_deny_is_a_typed_oserror(tmp_path):
     cookie = os.urandom(32)
-    with pytest.raises(managed.ExtORPortError, match="denied") as info:
+    with pytest.raises(outbound.ExtORPortError, match="denied") as info:
         ext_handshake(tmp_path, cookie, cookie, answer="DENY", client=("192.0.2.7", 4000))
     assert isinstance(info.value, OSError)
 
 
 def test_ext_orport_wrong_cookie(tmp_path):
-    with pytest.raises(managed.ExtORPortError, match="wrong server hash"):
+    with pytest.raises(outbound.ExtORPortError, match="wrong server hash"):
         ext_handshake(tmp_path, os.urandom(32), os.urandom(32))
 
 
 def test_ext_orport_bad_cookie_file(tmp_path):
     (tmp_path / "cookie").write_bytes(b"not a cookie")
-    with pytest.raises(managed.ExtORPortError, match="not an Extended ORPort cookie"):
+    with pytest.raises(outbound.ExtORPortError, match="not an Extended ORPort cookie"):
         with socket.socket() as sock:
-            managed.ext_orport_handshake(sock, tmp_path / "cookie", ("127.0.0.1", 1), "obfs2",
-                                         obfsproxy.Deadline(1))
+            outbound.ext_orport_handshake(sock, tmp_path / "cookie", ("127.0.0.1", 1), "obfs2",
+                                         outbound.Deadline(1))
 
 
 # --- The environment matrix ---------------------------------------------------------------
@@ -242,30 +228,38 @@ def test_env_error(tmp_path, case):
 
 
 def test_unknown_transports_are_ignored(tmp_path):
-    env = client_env(tmp_path, "obfs4,meek")
-    env.update(server_env(tmp_path, ("127.0.0.1", 9), "obfs4", "obfs4-127.0.0.1:0"))
+    env = client_env(tmp_path, "scramblesuit,meek")
+    env.update(server_env(tmp_path, ("127.0.0.1", 9), "meek", "meek-127.0.0.1:0"))
     pt, status = run_to_exit(env)
     assert pt.keywords() == ["VERSION", "CMETHODS DONE", "SMETHODS DONE"]
     assert status == 0   # nothing to serve: exit, nothing bound
 
-    with ManagedPT(client_env(tmp_path, "obfs4,obfs2,meek")) as pt:
+    with ManagedPT(client_env(tmp_path, "scramblesuit,obfs2,meek")) as pt:
         assert pt.keywords() == ["VERSION", "CMETHOD", "CMETHODS DONE"]
         assert list(pt.cmethods) == ["obfs2"]
 
 
 def test_star_client_and_server_in_one_process(tmp_path):
-    """`*` means obfs2 and dummy; our own clients tunnel to our own servers."""
+    """`*` means every transport we have; our own clients tunnel to our own
+    servers, obfs4's client with the cert its server announced in ARGS."""
     payload = os.urandom(100_000)
+    names = ["obfs4", "obfs3", "obfs2", "dummy"]
     with EchoServer() as echo:
         env = client_env(tmp_path, "*")
-        env.update(server_env(tmp_path, echo.address, "*", "obfs2-127.0.0.1:0,dummy-127.0.0.1:0"))
+        env.update(server_env(tmp_path, echo.address, "*",
+                              ",".join("%s-127.0.0.1:0" % name for name in names)))
         with ManagedPT(env, mode="--managed") as pt:   # the older torrc spelling
-            assert pt.keywords() == ["VERSION", "CMETHOD", "CMETHOD", "CMETHODS DONE",
-                                     "SMETHOD", "SMETHOD", "SMETHODS DONE"]
-            assert set(pt.cmethods) == set(pt.smethods) == {"obfs2", "dummy"}
-            for name in ("obfs2", "dummy"):
-                with socks5_connect(pt.cmethods[name], pt.smethods[name]) as sock:
-                    assert same(echo_round_trip(sock, payload), payload)
+            assert pt.keywords() == ["VERSION"] + ["CMETHOD"] * 4 + ["CMETHODS DONE"] + \
+                ["SMETHOD"] * 4 + ["SMETHODS DONE"]
+            assert list(pt.cmethods) == list(pt.smethods) == names
+            args = {f["name"]: f["args"] for k, f in pt.messages if k == "SMETHOD"}
+            announced = args["obfs4"]
+            assert re.fullmatch(r"cert=[A-Za-z0-9+/]{70},iat-mode=0", announced), announced
+            assert args["obfs3"] == args["obfs2"] == args["dummy"] == ""
+            for name in names:
+                args = announced.replace(",", ";") if name == "obfs4" else None
+                with socks5_connect(pt.cmethods[name], pt.smethods[name], args=args) as sock:
+                    assert same(echo_round_trip(sock, payload), payload), name
 
 
 @pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback")

@@ -211,9 +211,11 @@ def feed(receiver, data, split=whole):
 
 
 def connect(initiator, responder, split=whole):
-    """Both send their handshake at once; each receives the other's."""
+    """Both send their handshake at once (a shared-secret responder only once
+    the initiator's has arrived); each receives the other's."""
     to_responder, to_initiator = initiator.start(), responder.start()
     assert feed(responder, to_responder, split) == b""
+    to_initiator += responder.data_to_send()
     assert feed(initiator, to_initiator, split) == b""
     assert initiator.is_open and responder.is_open
 
@@ -330,11 +332,15 @@ def check_known_answers(secret=None, n=1):
     expected_init_hello = ref_message(INIT_SEED, init_pad, 21, init_padding)
     expected_resp_hello = ref_message(RESP_SEED, resp_pad, 300, resp_padding)
     assert initiator.start() == expected_init_hello
-    assert responder.start() == expected_resp_hello
+    # A shared-secret responder answers only once the initiator checked out.
+    responder_first = responder.start()
+    assert responder_first == (b"" if secret else expected_resp_hello)
 
     # Each side is fed the reference's bytes, not the other object's.
     assert feed(responder, expected_init_hello, bytewise) == b""
     assert responder.peer_seed == INIT_SEED and responder.peer_padlen == 21
+    assert responder_first + responder.data_to_send() == expected_resp_hello
+    assert responder.data_to_send() == b""          # owed once
     assert feed(initiator, expected_resp_hello, random_splits(7)) == b""
     assert initiator.peer_seed == RESP_SEED and initiator.peer_padlen == 300
 
@@ -475,7 +481,19 @@ def test_mismatched_secrets_rejected_by_both_sides(init_secret, resp_secret):
     with pytest.raises(obfs2.ProtocolError):
         responder.receive(initiator.start())
     with pytest.raises(obfs2.ProtocolError):
-        initiator.receive(responder.start())
+        initiator.receive(responder.handshake())
+
+
+def test_a_shared_secret_responder_says_nothing_until_the_initiator_checks_out():
+    """The answer-later rule: a bare connect, or a wrong secret, costs the
+    server no key work and gets no reply."""
+    responder = make_side(False, 0, shared_secret="pw", hash_iterations=5)
+    assert responder.expensive and responder.start() == b""
+    assert responder.receive(b"\x00" * 10) == b"" and responder.data_to_send() == b""
+    with pytest.raises(obfs2.ProtocolError):
+        responder.receive(make_side(True, 0, shared_secret="other", hash_iterations=5).start()[:14])
+    assert responder.data_to_send() == b""
+    assert not make_side(False, 0).expensive        # without a secret: both send at once
 
 
 def test_mismatched_iteration_counts_rejected():

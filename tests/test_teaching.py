@@ -27,7 +27,6 @@ from support import IN_CI, PROGRAM, ROOT, EchoServer, LineReader, recv_all, sock
 
 import capture
 import obfs2
-import obfsproxy
 
 CLIENT_HELLO = (b"\x16\x03\x01\x00\xc8\x01\x00\x00\xc4\x03\x03" + bytes(range(32))
                 + b" a TLS ClientHello: what the censor was looking for")
@@ -477,23 +476,22 @@ def test_crafted_pcap_reassembly(tmp_path, linktype, order, nano):
     assert conversations[0].streams == (c_stream, s_stream)
     assert conversations[0].notes == []
 
-    out = io.StringIO()
-    status = capture.main(docopt_args("detect", str(path)), out=out)
+    status, text = run_capture("detect", path)
     assert status == 0
-    text = out.getvalue()
     assert "obfs2: the initiator and responder magic decrypts" in text
     assert "not obfs2: it looks like HTTP" in text
 
-    out = io.StringIO()
-    assert capture.main(docopt_args("unmask", "--full", str(path)), out=out) == 0
-    text = out.getvalue()
+    status, text = run_capture("unmask", path, full=True)
+    assert status == 0
     assert "|GET /secret HTTP|" in text and "|HTTP/1.1 200 OK.|" in text
     assert "not obfs2: it looks like HTTP" in text      # the second connection
 
 
-def docopt_args(*argv):
-    from docopt import docopt
-    return docopt(obfsproxy.__doc__, argv=list(argv))
+def run_capture(command, *paths, full=False):
+    """capture.main as the command line calls it: (status, printed text)."""
+    out = io.StringIO()
+    status = capture.main(command, [str(p) for p in paths], full=full, out=out)
+    return status, out.getvalue()
 
 
 def test_crafted_pcap_without_syn_finds_the_roles(tmp_path):
@@ -505,9 +503,8 @@ def test_crafted_pcap_without_syn_finds_the_roles(tmp_path):
     path.write_bytes(pcap_file(frames, 1))
     _, conversations = capture.read_pcap(path)
     assert conversations[0].initiator is None and set(conversations[0].streams) == {c_stream, s_stream}
-    out = io.StringIO()
-    assert capture.main(docopt_args("unmask", str(path)), out=out) == 0
-    assert "|GET /secret HTTP|" in out.getvalue()
+    status, text = run_capture("unmask", path)
+    assert status == 0 and "|GET /secret HTTP|" in text
 
 
 def test_crafted_pcap_with_a_hole(tmp_path):
@@ -521,9 +518,8 @@ def test_crafted_pcap_with_a_hole(tmp_path):
               for s, d, seq, flags, data in packets]
     path = tmp_path / "hole.pcap"
     path.write_bytes(pcap_file(frames, 1))
-    out = io.StringIO()
-    assert capture.main(docopt_args("unmask", str(path)), out=out) == 0
-    assert "stream has a hole after 800 bytes" in out.getvalue()
+    status, text = run_capture("unmask", path)
+    assert status == 0 and "stream has a hole after 800 bytes" in text
 
 
 @pytest.fixture(scope="module")
@@ -576,7 +572,7 @@ def test_mangled_captures_never_raise(tmp_path, good_pcap):
             del data[rng.randrange(24, len(data)):]
         path.write_bytes(bytes(data))
         for command in ("detect", "unmask"):
-            assert capture.main(docopt_args(command, str(path)), out=io.StringIO()) in (0, 1)
+            assert run_capture(command, path)[0] in (0, 1)
 
 
 def test_short_recording_is_too_short_to_tell(tmp_path):

@@ -1,19 +1,28 @@
-"""Outgoing proxies: ``managed.connect_via_proxy``, ``--proxy`` and ``TOR_PT_PROXY``.
+"""outbound.py: how we reach the next hop.
 
-The fake upstream proxies here (SOCKS5 with or without RFC 1929 auth,
-SOCKS4a, HTTP CONNECT with or without basic auth) record what they were asked
-and relay. A proxy that refuses must give the application a SOCKS error, and
-nothing may ever connect to the destination directly.
+* Outgoing proxies: ``outbound.connect_via_proxy``, ``--proxy`` and ``TOR_PT_PROXY``.
+  The fake upstream proxies here (SOCKS5 with or without RFC 1929 auth,
+  SOCKS4a, HTTP CONNECT with or without basic auth) record what they were asked
+  and relay. A proxy that refuses must give the application a SOCKS error, and
+  nothing may ever connect to the destination directly.
+* TOR_PT_OUTBOUND_BIND_ADDRESS_V4/_V6: the source address of outgoing
+  connections, never used for loopback destinations (as Tor's own
+  OutboundBindAddress). Only loopback exists here, so the binding itself is
+  shown by calling outbound.connect with the loopback exemption switched off.
+* One deadline covers every address of a name.
 """
+
 
 import base64
 import os
+import select
 import socket
 import struct
 import threading
+import time
 
 import pytest
-from fake_tor import ManagedPT, tor_env
+from fake_tor import ManagedPT, client_env, managed_echo_server, tor_env
 from support import (
     EchoServer,
     Proxy,
@@ -25,8 +34,7 @@ from support import (
     socks5_connect,
 )
 
-import managed
-import obfsproxy
+import outbound
 
 
 class FakeProxy(EchoServer):
@@ -178,7 +186,7 @@ def counting_listener():
 
 
 def deadline(seconds=10):
-    return obfsproxy.Deadline(seconds)
+    return outbound.Deadline(seconds)
 
 
 # --- The proxy URI -----------------------------------------------------------------------
@@ -193,7 +201,7 @@ def deadline(seconds=10):
     ("http://a:b@proxy.example:3128/", ("http", "proxy.example", 3128, "a", "b")),
 ])
 def test_proxy_uri(uri, expected):
-    assert tuple(managed.parse_proxy_uri(uri)) == expected
+    assert tuple(outbound.parse_proxy_uri(uri)) == expected
 
 
 @pytest.mark.parametrize("uri", [
@@ -203,8 +211,8 @@ def test_proxy_uri(uri, expected):
     "127.0.0.1:1080", "",
 ])
 def test_proxy_uri_unusable(uri):
-    with pytest.raises(managed.ProxyURIError):
-        managed.parse_proxy_uri(uri)
+    with pytest.raises(outbound.ProxyURIError):
+        outbound.parse_proxy_uri(uri)
 
 
 # --- connect_via_proxy, in process ------------------------------------------------------------
@@ -223,7 +231,7 @@ def _uri(proxy, auth):
 @pytest.mark.parametrize("kind, auth", KINDS)
 def test_connect_via_proxy_relays_and_records(kind, auth):
     with EchoServer() as echo, FakeProxy(kind, auth) as proxy:
-        with managed.connect_via_proxy(_uri(proxy, auth), echo.address, deadline()) as sock:
+        with outbound.connect_via_proxy(_uri(proxy, auth), echo.address, deadline()) as sock:
             sock.sendall(b"through the proxy")
             assert recv_exact(sock, 17) == b"through the proxy"
         request = proxy.requests[0]
@@ -244,7 +252,7 @@ def test_connect_via_proxy_sends_host_names_and_ipv6(kind):
     with FakeProxy(kind, refuse=True) as proxy:
         for target in [("bridge.example", 1051), ("2001:db8::7", 443)]:
             with pytest.raises(OSError):
-                managed.connect_via_proxy(proxy.uri(), target, deadline())
+                outbound.connect_via_proxy(proxy.uri(), target, deadline())
         assert [r["target"] for r in proxy.requests] == [("bridge.example", 1051), ("2001:db8::7", 443)]
 
 
@@ -252,35 +260,35 @@ def test_connect_via_proxy_sends_host_names_and_ipv6(kind):
 def test_bytes_glued_to_the_reply_belong_to_the_tunnel(kind):
     """The obfs2 server speaks first: its bytes may share a segment with the reply."""
     with EchoServer() as echo, FakeProxy(kind, glue=b"EARLY") as proxy:
-        with managed.connect_via_proxy(proxy.uri(), echo.address, deadline()) as sock:
+        with outbound.connect_via_proxy(proxy.uri(), echo.address, deadline()) as sock:
             assert recv_exact(sock, 5) == b"EARLY"
             sock.sendall(b"then echo")
             assert recv_exact(sock, 9) == b"then echo"
 
 
 @pytest.mark.parametrize("kind, error", [("socks5", ConnectionRefusedError),
-                                         ("socks4a", managed.ProxyError),
-                                         ("http", managed.ProxyError)])
+                                         ("socks4a", outbound.ProxyError),
+                                         ("http", outbound.ProxyError)])
 def test_refusing_proxy_is_an_oserror_and_no_direct_connection(kind, error):
     with counting_listener() as destination:
         with FakeProxy(kind, refuse=True) as proxy:
             with pytest.raises(error):
-                managed.connect_via_proxy(proxy.uri(), destination.address, deadline())
+                outbound.connect_via_proxy(proxy.uri(), destination.address, deadline())
         assert destination.accepted == 0
 
 
 @pytest.mark.parametrize("kind", ["socks5", "http"])
 def test_wrong_credentials(kind):
     with EchoServer() as echo, FakeProxy(kind, auth=("tor", "right")) as proxy:
-        with pytest.raises(managed.ProxyError):
-            managed.connect_via_proxy(proxy.uri("tor", "wrong"), echo.address, deadline())
+        with pytest.raises(outbound.ProxyError):
+            outbound.connect_via_proxy(proxy.uri("tor", "wrong"), echo.address, deadline())
 
 
 def test_unreachable_proxy_is_never_bypassed():
     port = closed_port()[1]   # nothing listens there
     with counting_listener() as destination:
-        with pytest.raises(managed.ProxyError, match="cannot reach the socks5 proxy"):
-            managed.connect_via_proxy("socks5://127.0.0.1:%d" % port, destination.address, deadline())
+        with pytest.raises(outbound.ProxyError, match="cannot reach the socks5 proxy"):
+            outbound.connect_via_proxy("socks5://127.0.0.1:%d" % port, destination.address, deadline())
         assert destination.accepted == 0
 
 
@@ -288,7 +296,7 @@ def test_unreachable_proxy_is_never_bypassed():
 def test_silent_proxy_times_out_on_the_deadline(kind):
     with FakeProxy(kind, silent=True) as proxy:
         with pytest.raises(socket.timeout):
-            managed.connect_via_proxy(proxy.uri(), ("127.0.0.1", 9), deadline(0.3))
+            outbound.connect_via_proxy(proxy.uri(), ("127.0.0.1", 9), deadline(0.3))
 
 
 # --- Through the real program ------------------------------------------------------------------
@@ -362,3 +370,98 @@ def test_unusable_tor_pt_proxy_is_a_proxy_error(tmp_path, uri):
     with ManagedPT(env) as pt:
         assert pt.wait(10) == 1
     assert pt.keywords() == ["VERSION", "PROXY-ERROR"]
+
+
+# === Outbound bind addresses ===============================================================
+
+def peer_of_one_connection(sources):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        with outbound.connect(listener.getsockname(), 5, sources):
+            conn, peer = listener.accept()
+            conn.close()
+    return peer[0]
+
+
+def test_loopback_destinations_keep_the_default_source():
+    assert peer_of_one_connection({socket.AF_INET: "127.0.0.2"}) == "127.0.0.1"
+    assert peer_of_one_connection(None) == "127.0.0.1"
+
+
+def test_other_destinations_get_the_source_of_their_family(monkeypatch):
+    monkeypatch.setattr(outbound, "is_loopback", lambda host: False)
+    assert peer_of_one_connection({socket.AF_INET: "127.0.0.2"}) == "127.0.0.2"
+    # An IPv6 source is not used for an IPv4 destination.
+    assert peer_of_one_connection({socket.AF_INET6: "::1"}) == "127.0.0.1"
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("OUTBOUND_BIND_ADDRESS_V4", "not-an-address"),
+    ("OUTBOUND_BIND_ADDRESS_V4", "::1"),
+    ("OUTBOUND_BIND_ADDRESS_V6", "127.0.0.1"),
+])
+def test_a_bad_bind_address_is_an_env_error(tmp_path, variable, value):
+    with ManagedPT(client_env(tmp_path, **{variable: value})) as pt:
+        assert pt.keywords() == ["VERSION", "ENV-ERROR"], pt.messages
+        assert pt.process.wait(10) != 0
+
+
+def test_managed_client_with_bind_addresses_still_tunnels(tmp_path):
+    env = client_env(tmp_path, OUTBOUND_BIND_ADDRESS_V4="127.0.0.2",
+                     OUTBOUND_BIND_ADDRESS_V6="[::1]")
+    with managed_echo_server(tmp_path) as server, ManagedPT(env) as client:
+        assert client.keywords() == ["VERSION", "CMETHOD", "CMETHODS DONE"], client.messages
+        with socks5_connect(client.cmethods["obfs2"], server.smethods["obfs2"]) as sock:
+            sock.sendall(b"through the bridge")
+            assert recv_exact(sock, 18) == b"through the bridge"
+
+
+# === Deadlines ===============================================================================
+
+def black_hole(family, host, port=0):
+    """A listener whose accept queue is full: further SYNs are dropped, so a
+    connect to it hangs. Returns (listener, port, the sockets filling it)."""
+    listener = socket.socket(family)
+    listener.bind((host, port))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket(family)
+        filler.setblocking(False)
+        try:
+            filler.connect((host, port))
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    select.select([], fillers[:1], [], 2)   # the first one is in the queue
+    return listener, port, fillers
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="needs IPv6")
+def test_one_deadline_covers_every_address_of_a_name(monkeypatch):
+    try:
+        a, port, fill_a = black_hole(socket.AF_INET, "127.0.0.1")
+        b, _, fill_b = black_hole(socket.AF_INET6, "::1", port)
+    except OSError as exc:
+        pytest.skip("cannot build black holes here: %s" % exc)
+    real = socket.getaddrinfo
+
+    def two_addresses(host, *args, **kwargs):  # a name with an A and an AAAA record
+        if host == "bridge.test":
+            return real("127.0.0.1", *args, **kwargs) + real("::1", *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+    began = time.monotonic()
+    try:
+        with pytest.raises(OSError):
+            outbound.open_connection(("bridge.test", port), outbound.Deadline(1.0))
+        assert time.monotonic() - began < 1.6   # not 1 s per address
+    finally:
+        for sock in [a, b] + fill_a + fill_b:
+            sock.close()
+
+
+# --- A transient ICMP error on a half-closed tunnel ------------------------------------

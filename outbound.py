@@ -1,0 +1,439 @@
+"""outbound.py: how we reach the next hop.
+
+Everything that opens or speaks on an *outgoing* connection lives here, so
+that the proxy core only says "connect me to X":
+
+* ``Deadline``, ``send_all``, ``recv_exact``: blocking socket steps bounded by
+  one deadline for a whole handshake.
+* ``connect`` and ``open_connection``: TCP connect under that deadline, from
+  Tor's outbound bind address, then ``tune`` (TCP_NODELAY, keepalive).
+* the outgoing-proxy client (``TOR_PT_PROXY`` or ``--proxy``): SOCKS5
+  (RFC 1928, user/password RFC 1929), SOCKS4a, HTTP CONNECT. The SOCKS bytes
+  themselves are built in socks.py.
+* the Extended ORPort client (``ext_orport_handshake``): SAFE_COOKIE
+  authentication, then USERADDR, TRANSPORT, DONE, so that a bridge counts its
+  users per country and transport.
+* addresses: ``parse_address``, ``format_address``, ``is_loopback``.
+
+Errors are OSErrors (``ProxyError``, ``ExtORPortError``, socket.timeout,
+ConnectionRefusedError ...), so the SOCKS handler maps each to a SOCKS reply.
+"""
+
+import base64
+import collections
+import errno
+import hashlib
+import hmac
+import ipaddress
+import os
+import re
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import socks
+
+
+class Deadline:
+    """One deadline shared by every step of a handshake, so that a peer that
+    trickles a byte at a time cannot stretch it."""
+
+    def __init__(self, seconds):
+        self.end = time.monotonic() + seconds
+
+    def remaining(self):
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("handshake deadline passed")
+        return left
+
+
+def send_all(sock, data, deadline):
+    if data:
+        sock.settimeout(deadline.remaining())
+        sock.sendall(data)
+
+
+def recv_exact(sock, n, deadline, error):
+    """Exactly ``n`` bytes, or ``error`` (an exception class) if the peer closes first."""
+    data = b""
+    while len(data) < n:
+        sock.settimeout(deadline.remaining())
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise error("the connection closed in the middle of the handshake")
+        data += chunk
+    return data
+
+
+# --- Addresses ------------------------------------------------------------------
+
+def parse_address(text, allow_port_zero=False):
+    """'192.0.2.1:80', '[2001:db8::1]:80' or 'example.org:80' -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError("%r is not HOST:PORT" % text)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError("%r: write IPv6 addresses as [ADDRESS]:PORT" % text)
+    if not port.isdigit() or not (0 if allow_port_zero else 1) <= int(port) <= 65535:
+        raise ValueError("%r: bad port %r" % (text, port))
+    return host, int(port)
+
+
+def format_address(address):
+    host, port = address[0], address[1]
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+
+
+
+def is_ip_literal(host):
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def is_loopback(host):
+    try:
+        import ipaddress
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+
+# --- Connecting ---------------------------------------------------------------
+
+def connect(address, timeout, sources=None):
+    """socket.create_connection to (host, port), from the source address that
+    ``sources`` ({socket.AF_INET: "192.0.2.7", socket.AF_INET6: ...}, Tor's
+    TOR_PT_OUTBOUND_BIND_ADDRESS_V4/_V6) gives for the destination's family.
+    Like Tor's OutboundBindAddress, never for a loopback destination.
+    Every address the name resolves to is tried within the one ``timeout``
+    (the name lookup itself is not bounded by it)."""
+    deadline = Deadline(timeout)
+    error = OSError("no address to connect to")
+    for family, _, _, _, sockaddr in socket.getaddrinfo(address[0], address[1], 0,
+                                                        socket.SOCK_STREAM):
+        source = None if not sources or is_loopback(sockaddr[0]) else sources.get(family)
+        try:
+            return socket.create_connection(sockaddr[:2], timeout=deadline.remaining(),
+                                            source_address=(source, 0) if source else None)
+        except OSError as exc:
+            error = exc
+    raise error
+
+
+def open_connection(address, deadline, proxy=None, sources=None):
+    """A TCP connection to (host, port) with TCP_NODELAY and keepalive, within
+    the deadline; through the outgoing ``proxy`` URI when one is given (never
+    around it); from the ``sources`` addresses (see ``connect``)."""
+    if proxy is not None:
+        sock = connect_via_proxy(proxy, address, deadline, sources)
+    else:
+        sock = connect(address, deadline.remaining(), sources)
+    try:
+        tune(sock)
+    except OSError:   # e.g. reset already: do not leak the descriptor
+        sock.close()
+        raise
+    return sock
+
+
+# A peer that vanishes (power cut, a NAT dropping its state) sends neither FIN
+# nor RST; an idle tunnel to it would hold a thread and two descriptors
+# forever. TCP keepalive notices: after KEEPIDLE seconds of silence, KEEPCNT
+# unanswered probes KEEPINTVL seconds apart close the socket (about 4 minutes).
+KEEPIDLE, KEEPINTVL, KEEPCNT = 120, 30, 4
+# macOS calls the idle time TCP_KEEPALIVE (0x10; Python exports it from 3.10).
+_KEEPALIVE_OPTIONS = (
+    (getattr(socket, "TCP_KEEPIDLE", None)
+     or (getattr(socket, "TCP_KEEPALIVE", 0x10) if sys.platform == "darwin" else None), KEEPIDLE),
+    (getattr(socket, "TCP_KEEPINTVL", None), KEEPINTVL),
+    (getattr(socket, "TCP_KEEPCNT", None), KEEPCNT),
+)
+
+
+def tune(sock):
+    """TCP_NODELAY and keepalive on a tunnel socket (the timings where the OS
+    lets us set them; its defaults elsewhere)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in _KEEPALIVE_OPTIONS:
+        if option is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+            except OSError:
+                pass
+
+
+
+
+class ProxyURIError(ValueError):
+    """An outgoing proxy URI (TOR_PT_PROXY, --proxy) is unusable. Managed mode
+    answers ``PROXY-ERROR``; the command line refuses to start."""
+
+
+class ProxyError(OSError):
+    """The outgoing proxy could not be reached or refused the request.
+
+    An OSError, so the SOCKS client handler turns it into a SOCKS failure
+    reply (general failure) and closes the connection.
+    """
+
+
+class ExtORPortError(OSError):
+    """The Extended ORPort handshake failed (bad cookie, wrong server hash,
+    authentication refused, DENY). The connection is closed; the connection
+    handler logs one line."""
+
+
+# --- Outgoing proxies (client side) --------------------------------------------------
+
+ProxyURI = collections.namedtuple("ProxyURI", "scheme host port username password")
+
+
+def parse_proxy_uri(text):
+    """'socks5://user:pass@127.0.0.1:1080' -> ProxyURI; ProxyURIError says why not.
+
+    Types (pt-spec 3.2.2): socks5 (optional RFC 1929 user and password),
+    socks4a (optional user id, no password), http (CONNECT, optional basic
+    auth). User and password are percent-decoded.
+    """
+    try:
+        text.encode("utf-8")  # an environment value may carry undecodable bytes (surrogates)
+        parts = urlsplit(text)
+        host, port = parts.hostname, parts.port
+    except UnicodeError:
+        raise ProxyURIError("the proxy URI is not valid UTF-8 text")
+    except ValueError as exc:
+        raise ProxyURIError("%r is not a proxy URI: %s" % (text, exc))
+    scheme = parts.scheme.lower()
+    if scheme not in ("socks5", "socks4a", "http"):
+        raise ProxyURIError("unsupported proxy type %r (socks5, socks4a or http)" % parts.scheme)
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ProxyURIError("a proxy URI has only TYPE://[USER[:PASS]@]HOST:PORT")
+    if not host or not port:
+        raise ProxyURIError("the proxy URI needs a host and a port")
+    try:
+        username = unquote(parts.username, errors="strict") if parts.username is not None else None
+        password = unquote(parts.password, errors="strict") if parts.password is not None else None
+    except UnicodeError:
+        raise ProxyURIError("the proxy user and password must be UTF-8 once percent-decoded")
+    if scheme == "socks4a" and password is not None:
+        raise ProxyURIError("socks4a has a user id but no password")
+    if scheme == "socks5" and username is not None:
+        if not 1 <= len(username.encode()) <= 255 or len((password or "").encode()) > 255:
+            raise ProxyURIError("SOCKS5 user and password must be 1-255 and 0-255 bytes")
+    return ProxyURI(scheme, host, port, username, password)
+
+
+
+def _recv_exact(sock, n, deadline, error=None):
+    return recv_exact(sock, n, deadline, error or ProxyError)
+
+
+def connect_via_proxy(proxy_uri, address, deadline, sources=None):
+    """A socket connected to ``address`` (host, port) through the outgoing proxy.
+
+    Never connects directly. Failures are OSErrors that the SOCKS handler maps
+    to reply codes: ConnectionRefusedError (the proxy says refused),
+    socket.timeout (deadline), OSError with ENETUNREACH/EHOSTUNREACH, and
+    ProxyError for everything else.
+    """
+    try:
+        proxy = parse_proxy_uri(proxy_uri)
+    except ProxyURIError as exc:
+        raise ProxyError("bad outgoing proxy: %s" % exc)
+    # The target name goes into the proxy's request (an HTTP header line, a
+    # SOCKS field): a name with CR/LF or other non-host characters would inject.
+    if not is_ip_literal(address[0]) and not socks.is_valid_hostname(address[0]):
+        raise ProxyError("refusing to ask the proxy for a malformed host name %r" % address[0][:64])
+    try:
+        sock = connect((proxy.host, proxy.port), deadline.remaining(), sources)
+    except socket.timeout:
+        raise
+    except OSError as exc:
+        raise ProxyError("cannot reach the %s proxy: %s" % (proxy.scheme, exc.strerror or exc))
+    try:
+        _HANDSHAKES[proxy.scheme](sock, proxy, address, deadline)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+# SOCKS5 reply codes (RFC 1928 section 6) -> the error we raise.
+_SOCKS5_FAILURES = {
+    0x03: lambda: OSError(errno.ENETUNREACH, "the proxy says: network unreachable"),
+    0x04: lambda: OSError(errno.EHOSTUNREACH, "the proxy says: host unreachable"),
+    0x05: lambda: ConnectionRefusedError(errno.ECONNREFUSED, "the proxy says: connection refused"),
+    0x06: lambda: socket.timeout("the proxy says: TTL expired"),
+}
+
+
+def _socks5(sock, proxy, address, deadline):
+    host, port = address
+    # Greeting: VER=05 NMETHODS METHODS; offer username/password (02) only with a user.
+    methods = b"\x00\x02" if proxy.username is not None else b"\x00"
+    send_all(sock, b"\x05" + bytes([len(methods)]) + methods, deadline)
+    version, method = _recv_exact(sock, 2, deadline)
+    if version != 5:
+        raise ProxyError("the proxy does not speak SOCKS5")
+    if method == 0x02 and proxy.username is not None:
+        # RFC 1929: VER=01 ULEN UNAME PLEN PASSWD -> VER=01 STATUS (00 = success)
+        user, password = proxy.username.encode(), (proxy.password or "").encode()
+        send_all(sock, b"\x01" + bytes([len(user)]) + user
+                           + bytes([len(password)]) + password, deadline)
+        if _recv_exact(sock, 2, deadline)[1] != 0:
+            raise ProxyError("the SOCKS5 proxy rejected our username and password")
+    elif method != 0x00:
+        raise ProxyError("the SOCKS5 proxy accepts none of our authentication methods")
+    # Request: VER=05 CMD=01 RSV=00 ATYP DST.ADDR DST.PORT (socks.py's layout, client side)
+    try:
+        ip = ipaddress.ip_address(host)
+        dst = (b"\x01" if ip.version == 4 else b"\x04") + ip.packed
+    except ValueError:
+        dst = b"\x03" + bytes([len(host.encode())]) + host.encode()
+    send_all(sock, b"\x05\x01\x00" + dst + struct.pack("!H", port), deadline)
+    # Reply: VER REP RSV ATYP BND.ADDR BND.PORT; read exactly it, so no relayed byte is lost.
+    version, reply, _, atyp = _recv_exact(sock, 4, deadline)
+    if reply != 0:
+        make = _SOCKS5_FAILURES.get(reply)
+        raise make() if make else ProxyError("the SOCKS5 proxy failed (reply 0x%02x)" % reply)
+    if atyp == 3:
+        length = _recv_exact(sock, 1, deadline)[0]
+    elif atyp in (1, 4):
+        length = 4 if atyp == 1 else 16
+    else:
+        raise ProxyError("the SOCKS5 proxy sent address type %d" % atyp)
+    _recv_exact(sock, length + 2, deadline)
+
+
+def _socks4a(sock, proxy, address, deadline):
+    host, port = address
+    # VN=04 CD=01 DSTPORT DSTIP USERID 00, and for SOCKS4a DSTIP=0.0.0.1 and HOST 00 after.
+    userid = (proxy.username or "").encode()
+    try:
+        request = struct.pack("!BBH", 4, 1, port) + ipaddress.IPv4Address(host).packed + userid + b"\0"
+    except ValueError:
+        request = struct.pack("!BBH", 4, 1, port) + b"\0\0\0\1" + userid + b"\0" + host.encode() + b"\0"
+    send_all(sock, request, deadline)
+    # Reply: VN=00 CD DSTPORT(2) DSTIP(4); CD=5A granted, anything else refused.
+    reply = _recv_exact(sock, 8, deadline)
+    if reply[1] != 0x5A:
+        raise ProxyError("the SOCKS4a proxy rejected the request (0x%02x)" % reply[1])
+
+
+def _http_connect(sock, proxy, address, deadline):
+    authority = format_address(address)
+    request = "CONNECT %s HTTP/1.1\r\nHost: %s\r\n" % (authority, authority)
+    if proxy.username is not None:
+        credentials = "%s:%s" % (proxy.username, proxy.password or "")
+        request += "Proxy-Authorization: Basic %s\r\n" % base64.b64encode(
+            credentials.encode()).decode("ascii")
+    send_all(sock, (request + "\r\n").encode(), deadline)
+    # Read the response head one byte at a time: the server's first bytes may
+    # follow the blank line at once, and they belong to the tunnel.
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        if len(head) > 16384:
+            raise ProxyError("the HTTP proxy's response header is too long")
+        head += _recv_exact(sock, 1, deadline)
+    status = head.split(b"\r\n", 1)[0].decode("latin-1")
+    words = status.split(" ", 2)
+    # [0-9]{3}, not str.isdigit(): that also accepts digits such as "²" that int() refuses.
+    if len(words) < 2 or not words[0].startswith("HTTP/1.") or not re.fullmatch("[0-9]{3}", words[1]):
+        raise ProxyError("the proxy does not speak HTTP: %r" % status[:80])
+    if not 200 <= int(words[1]) < 300:
+        raise ProxyError("the HTTP proxy answered %r" % status[:80])
+
+
+_HANDSHAKES = {"socks5": _socks5, "socks4a": _socks4a, "http": _http_connect}
+
+
+# --- Extended ORPort (server side) ------------------------------------------------------
+
+COOKIE_HEADER = b"! Extended ORPort Auth Cookie !\n"
+AUTH_SAFE_COOKIE = 0x01
+SERVER_HASH_LABEL = b"ExtORPort authentication server-to-client hash"
+CLIENT_HASH_LABEL = b"ExtORPort authentication client-to-server hash"
+EXT_DONE, EXT_USERADDR, EXT_TRANSPORT = 0x0000, 0x0001, 0x0002
+EXT_OKAY, EXT_DENY = 0x1000, 0x1001
+
+
+def read_cookie(path):
+    """The 32-byte cookie from Tor's 64-byte cookie file (header | cookie)."""
+    data = Path(path).read_bytes()
+    if len(data) != 64 or not data.startswith(COOKIE_HEADER):
+        raise ExtORPortError("%s is not an Extended ORPort cookie file" % path)
+    return data[32:]
+
+
+def ext_command(kind, body=b""):
+    """TYPE (2 bytes) | LENGTH (2 bytes) | BODY"""
+    return struct.pack("!HH", kind, len(body)) + body
+
+
+def ext_orport_handshake(sock, cookie_file, client_address, transport_name, deadline):
+    """Authenticate to Tor's Extended ORPort and report one client.
+
+    Raises ExtORPortError (an OSError) when Tor does not let the connection
+    through; the caller closes it.
+    """
+    # The cookie changes when Tor restarts: read it for each connection.
+    cookie = read_cookie(cookie_file)
+
+    def recv(n):
+        return _recv_exact(sock, n, deadline, ExtORPortError)
+
+    # 1. Tor lists its authentication types, ended by 0x00.
+    offered = b""
+    while not offered.endswith(b"\0"):
+        if len(offered) > 256:
+            raise ExtORPortError("Extended ORPort: endless list of authentication types")
+        offered += recv(1)
+    if AUTH_SAFE_COOKIE not in offered[:-1]:
+        raise ExtORPortError("Extended ORPort does not offer SAFE_COOKIE authentication")
+    # 2. We choose SAFE_COOKIE and send ClientNonce.
+    client_nonce = os.urandom(32)
+    send_all(sock, bytes([AUTH_SAFE_COOKIE]) + client_nonce, deadline)
+    # 3. Tor proves it knows the cookie: ServerHash | ServerNonce.
+    reply = recv(64)
+    server_hash, server_nonce = reply[:32], reply[32:]
+    expected = hmac.new(cookie, SERVER_HASH_LABEL + client_nonce + server_nonce,
+                        hashlib.sha256).digest()
+    if not hmac.compare_digest(server_hash, expected):
+        raise ExtORPortError("Extended ORPort: wrong server hash (is %s Tor's current "
+                             "cookie?)" % cookie_file)
+    # 4. We prove it: ClientHash.
+    client_hash = hmac.new(cookie, CLIENT_HASH_LABEL + client_nonce + server_nonce,
+                           hashlib.sha256).digest()
+    send_all(sock, client_hash, deadline)
+    # 5. Tor's verdict: 1 = success.
+    if recv(1) != b"\x01":
+        raise ExtORPortError("Extended ORPort refused our authentication")
+    # 6. Who the client is and how it came; Tor answers OKAY or DENY.
+    host, port = client_address[0].split("%")[0], client_address[1]
+    mapped = getattr(ipaddress.ip_address(host), "ipv4_mapped", None)
+    if mapped is not None:  # an IPv4 client of a dual-stack [::] listener:
+        host = str(mapped)  # Tor's GeoIP would not place ::ffff:1.2.3.4
+    useraddr = format_address((host, port)).encode()
+    send_all(sock, ext_command(EXT_USERADDR, useraddr)
+                       + ext_command(EXT_TRANSPORT, transport_name.encode())
+                       + ext_command(EXT_DONE), deadline)
+    while True:
+        kind, length = struct.unpack("!HH", recv(4))
+        if length:
+            recv(length)
+        if kind == EXT_OKAY:
+            return      # 7. From here on: the ordinary OR stream.
+        if kind == EXT_DENY:
+            raise ExtORPortError("Extended ORPort denied the connection")
+        # Any other reply type is ignored (ext-orport-spec).
