@@ -558,7 +558,9 @@ class FrameEncoder:
     """One direction's sender: OKM's 72 bytes -> secretbox key | nonce prefix | DRBG seed.
 
     frame = BE16(L XOR mask16) | tag | ciphertext, L = 16 + len(packet); the nonce
-    counter starts at 1 and we refuse to let it wrap."""
+    counter starts at 1 and we refuse to let it wrap. ``encode_packets`` seals a whole
+    write's packets in one pass: their masks come from one ``HashDrbg.masks`` call and
+    the frames are joined once."""
 
     def __init__(self, key72):
         self._box = SecretBox(key72[0:32], key72[32:48])
@@ -566,11 +568,21 @@ class FrameEncoder:
         self.counter = 1
 
     def encode(self, packet):
-        if self.counter > MAX_NONCE_COUNTER:
+        return self.encode_packets([packet])
+
+    def encode_packets(self, packets):
+        """The frames of ``packets``, in order, as one bytes. The counter is checked for
+        the whole list first: nothing is sealed if the last frame would wrap it."""
+        if self.counter + len(packets) - 1 > MAX_NONCE_COUNTER:
             raise ProtocolError("frame nonce counter would wrap")
-        box = self._box.seal(self.counter, packet)
-        self.counter += 1
-        return (len(box) ^ self._drbg.mask16()).to_bytes(LENGTH_LENGTH, "big") + box
+        seal, counter, out = self._box.seal, self.counter, []
+        for packet, mask in zip(packets, self._drbg.masks(len(packets))):
+            box = seal(counter, packet)
+            out.append((len(box) ^ mask).to_bytes(LENGTH_LENGTH, "big"))
+            out.append(box)
+            counter += 1
+        self.counter = counter
+        return b"".join(out)
 
 
 class FrameDecoder:
@@ -580,6 +592,11 @@ class FrameDecoder:
        L then proves bad). L outside 16..1446: like obfs4proxy, pretend L is random in
        16..1446, wait for that many bytes, then fail as a bad tag would.
     2. wait for L bytes (L is remembered: no second draw), open the box, counter += 1.
+
+    Every complete frame of a read is opened in one call, straight from the bytes
+    received (memoryview slices, no copies); only a partial frame is kept for the next
+    read. Masks are drawn ahead, about one per 1448 bytes in hand, and kept in order
+    until used: the stream of masks is the same whatever the split.
     """
 
     def __init__(self, key72, randbelow=secrets.randbelow):
@@ -587,39 +604,48 @@ class FrameDecoder:
         self._drbg = HashDrbg(key72[48:72])
         self._randbelow = randbelow
         self.counter = 1
-        self._buffer = bytearray()
+        self._buffer = b""                    # a partial frame from the last read
+        self._masks = collections.deque()     # drawn, not yet used
         self._next_length = None
         self._length_invalid = False
 
     def decode(self, data):
-        buffer = self._buffer
-        buffer += data
-        pos, packets = 0, []
+        """The packets (bytes) of every frame completed by ``data``."""
+        return [bytes(packet) for packet in self.open_frames(data)]
+
+    def open_frames(self, data):
+        """As ``decode``, but memoryviews of the packets (valid until dropped)."""
+        if self._buffer:
+            data = self._buffer + data
+        view, pos, packets = memoryview(data), 0, []
+        end = len(view)
         while True:
             if self._next_length is None:
-                if len(buffer) - pos < LENGTH_LENGTH:
+                if end - pos < LENGTH_LENGTH:
                     break
-                length = (buffer[pos] << 8 | buffer[pos + 1]) ^ self._drbg.mask16()
+                if not self._masks:
+                    self._masks.extend(self._drbg.masks((end - pos) // MAXIMUM_SEGMENT_LENGTH + 1))
+                length = (view[pos] << 8 | view[pos + 1]) ^ self._masks.popleft()
                 pos += LENGTH_LENGTH
                 if not MIN_FRAME_LENGTH <= length <= MAX_FRAME_LENGTH:
                     self._length_invalid = True
                     length = MIN_FRAME_LENGTH + self._randbelow(MAX_FRAME_LENGTH - MIN_FRAME_LENGTH + 1)
                 self._next_length = length
             length = self._next_length
-            if len(buffer) - pos < length:
+            if end - pos < length:
                 break
             if self._length_invalid:
                 raise ProtocolError("frame length out of range (failed after the pretend length)")
             if self.counter > MAX_NONCE_COUNTER:
                 raise ProtocolError("frame nonce counter would wrap")
             try:
-                packets.append(self._box.open(self.counter, bytes(buffer[pos:pos + length])))
+                packets.append(self._box.open_view(self.counter, view[pos:pos + length]))
             except ValueError:
                 raise ProtocolError("frame %d: bad Poly1305 tag" % self.counter)
             pos += length
             self.counter += 1
             self._next_length = None
-        del buffer[:pos]                      # at most one partial frame stays behind
+        self._buffer = bytes(view[pos:])      # at most one partial frame stays behind
         return packets
 
 
@@ -889,7 +915,7 @@ class Obfs4:
     def _receive_frames(self, data):
         try:
             out = []
-            for packet in self._decoder.decode(data):
+            for packet in self._decoder.open_frames(data):
                 packet_type, payload = parse_packet(packet)
                 if packet_type == PACKET_TYPE_PAYLOAD:
                     out.append(payload)
@@ -923,30 +949,30 @@ class Obfs4:
             self._iat_dist = table(iat_seed(self._len_seed), 0, MAX_IAT_DELAY)
         return self.config.sample(self._iat_dist) * IAT_UNIT
 
-    def _data_frames(self, plaintext):
-        """Step 1 of §2.10: chunks of at most 1427 bytes, each one unpadded type-0 frame."""
+    def _data_packets(self, plaintext):
+        """Step 1 of §2.10: chunks of at most 1427 bytes, each one unpadded type-0 packet."""
         if self._encoder is None:
             raise RuntimeError("obfs4: send() before the handshake completed")
-        view = memoryview(plaintext)
-        encode, header = self._encoder.encode, PACKET_HEADER.pack
-        return [encode(header(PACKET_TYPE_PAYLOAD, len(chunk)) + chunk)
-                for chunk in (bytes(view[i:i + MAX_PACKET_PAYLOAD_LENGTH])
+        view, header = memoryview(plaintext), PACKET_HEADER.pack
+        return [header(PACKET_TYPE_PAYLOAD, len(chunk)) + chunk
+                for chunk in (view[i:i + MAX_PACKET_PAYLOAD_LENGTH]
                               for i in range(0, len(view), MAX_PACKET_PAYLOAD_LENGTH))]
 
-    def _padding_frames(self, burst_length, target):
-        return [self._encoder.encode(make_packet(PACKET_TYPE_PAYLOAD, b"", padding))
+    def _padding_packets(self, burst_length, target):
+        return [make_packet(PACKET_TYPE_PAYLOAD, b"", padding)
                 for padding in pad_burst(burst_length, target)]
 
     def send(self, plaintext):
-        """One burst (§2.10): data frames, then padBurst to a lenDist target."""
+        """One burst (§2.10): data frames, then padBurst to a lenDist target; sealed in one
+        pass. The burst's length before padding is len(plaintext) + 21 per data frame."""
         if self.paced:
             return b"".join(piece for piece, _ in self.send_paced(plaintext))
-        frames = self._data_frames(plaintext)
-        if not frames:
+        packets = self._data_packets(plaintext)
+        if not packets:
             return b""
-        burst_length = sum(map(len, frames))
-        frames += self._padding_frames(burst_length, self.config.sample(self._length_dist()))
-        return b"".join(frames)
+        burst_length = len(plaintext) + HEADER_LENGTH * len(packets)
+        packets += self._padding_packets(burst_length, self.config.sample(self._length_dist()))
+        return self._encoder.encode_packets(packets)
 
     def send_paced(self, plaintext):
         """iat-mode 1 and 2 (§6.4): [(bytes, seconds to wait after them), ...].
@@ -956,20 +982,20 @@ class Obfs4:
            bytes are left, padBurst them to t; if that took two frames, sample again.
            A sample of 0 is drawn again (obfs4proxy panics there, erratum 14).
         """
-        frames = self._data_frames(plaintext)
-        if not frames:
+        packets = self._data_packets(plaintext)
+        if not packets:
             return []
+        burst_length = len(plaintext) + HEADER_LENGTH * len(packets)
         if self.iat_mode == IAT_ENABLED:
-            burst_length = sum(map(len, frames))
-            frames += self._padding_frames(burst_length, self.config.sample(self._length_dist()))
-            burst = b"".join(frames)
+            packets += self._padding_packets(burst_length, self.config.sample(self._length_dist()))
+            burst = self._encoder.encode_packets(packets)
             return [(burst[i:i + MAXIMUM_SEGMENT_LENGTH], self._iat_delay())
                     for i in range(0, len(burst), MAXIMUM_SEGMENT_LENGTH)]
-        buffer, pos, pieces = bytearray(b"".join(frames)), 0, []
+        buffer, pos, pieces = bytearray(self._encoder.encode_packets(packets)), 0, []
         while pos < len(buffer):
             target = self._nonzero_length()
             if len(buffer) - pos < target:
-                buffer += b"".join(self._padding_frames(len(buffer) - pos, target))
+                buffer += self._encoder.encode_packets(self._padding_packets(len(buffer) - pos, target))
                 if len(buffer) - pos != target:
                     continue
             pieces.append((bytes(buffer[pos:pos + target]), self._iat_delay()))

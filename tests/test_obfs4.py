@@ -706,6 +706,42 @@ def test_the_decoder_draws_one_mask_per_frame_whatever_the_split():
     assert got == [packet(0, filler(n)) for n in (0, 1, 1427, 50)]
 
 
+def test_a_batch_of_packets_is_the_frames_one_by_one():
+    """encode_packets seals a whole write in one pass: the same bytes as the reference
+    encoder's frames, one mask and one counter each, in order."""
+    packets = [packet(0, filler(n)) for n in (1427, 0, 700, 1427, 5)] + [packet(0, b"", 1427)]
+    reference = RefEncoder(C2S)
+    encoder = obfs4.FrameEncoder(C2S)
+    assert encoder.encode_packets(packets[:4]) == b"".join(reference.frame(p) for p in packets[:4])
+    assert encoder.encode(packets[4]) == reference.frame(packets[4])
+    assert encoder.encode_packets(packets[5:]) == reference.frame(packets[5])
+    assert encoder.counter == reference.counter == 7
+
+
+def test_a_batch_that_would_wrap_the_counter_seals_nothing():
+    encoder, reference = obfs4.FrameEncoder(C2S), RefEncoder(C2S)
+    encoder.counter = reference.counter = 2 ** 64 - 2
+    with pytest.raises(obfs4.ProtocolError, match="wrap"):
+        encoder.encode_packets([packet(0, b"a"), packet(0, b"b"), packet(0, b"c")])
+    assert encoder.counter == 2 ** 64 - 2                      # untouched, masks not drawn
+    assert encoder.encode_packets([packet(0, b"a"), packet(0, b"b")]) == \
+        reference.frame(packet(0, b"a")) + reference.frame(packet(0, b"b"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 1427), min_size=1, max_size=40),
+       points=st.lists(st.integers(0, 60000), max_size=10))
+def test_the_decoder_opens_any_number_of_frames_in_any_split(sizes, points):
+    """Masks are drawn ahead of use (about one per 1448 bytes in hand): whatever the
+    split, every frame gets the next mask and the packets come out in order."""
+    encoder = RefEncoder(C2S)
+    wire = b"".join(encoder.frame(packet(0, filler(n, n))) for n in sizes)
+    decoder, got = obfs4.FrameDecoder(C2S), []
+    for piece in cuts(points)(wire):
+        got += decoder.decode(piece)
+    assert got == [packet(0, filler(n, n)) for n in sizes]
+
+
 # --- Padding (§2.10) -------------------------------------------------------------------
 
 @pytest.mark.parametrize("burst, target, padding", [

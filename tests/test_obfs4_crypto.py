@@ -31,6 +31,7 @@ def route(request, monkeypatch):
         monkeypatch.setattr(c, "poly1305", c._poly1305_pure)
         monkeypatch.setattr(c, "x25519", c._x25519_pure)
         monkeypatch.setattr(c, "_dirty_u", c._dirty_u_pure)
+        monkeypatch.setattr(c, "hsalsa20", c._hsalsa20_pure)
     return request.param
 
 
@@ -54,8 +55,17 @@ def test_hkdf_refuses_more_than_255_blocks():
 
 
 @pytest.mark.parametrize("v", cases(PRIMITIVES["hsalsa20"]))
-def test_hsalsa20(v):
+def test_hsalsa20(route, v):
     assert c.hsalsa20(h(v["key"]), h(v["input16"])) == h(v["output"])
+
+
+@settings(max_examples=50)
+@given(key=st.binary(min_size=32, max_size=32), input16=st.binary(min_size=16, max_size=16))
+def test_hsalsa20_routes_agree(key, input16):
+    """The Salsa20-block route must also reach block counters near 2^64 (input16[8:16])."""
+    assert c.hsalsa20(key, input16) == c._hsalsa20_pure(key, input16)
+    top = input16[:8] + b"\xff" * 8
+    assert c.hsalsa20(key, top) == c._hsalsa20_pure(key, top)
 
 
 @pytest.mark.parametrize("v", cases(PRIMITIVES["xsalsa20"]))
@@ -247,6 +257,19 @@ def test_hash_drbg_is_not_siphash_of_the_previous_block():
     assert blocks[1] != c.siphash24(seed[:16], blocks[0])
 
 
+def test_hash_drbg_batches_are_the_same_stream():
+    """blocks(n) and masks(n) continue one stream, in any mix with single draws."""
+    v = DRBG["hash_drbg_blocks"]
+    want = [int.from_bytes(h(b), "little") for b in v["blocks"]]
+    drbg = c.HashDrbg(h(v["seed"]))
+    got = drbg.blocks(1) + [int.from_bytes(drbg.next_block(), "little")] + drbg.blocks(len(want) - 2)
+    assert got == want
+    drbg = c.HashDrbg(h(v["seed"]))
+    assert drbg.masks(3) + [drbg.mask16()] + drbg.masks(len(want) - 4) == \
+        [int(b[:4], 16) for b in v["blocks"]]
+    assert c.HashDrbg(h(v["seed"])).blocks(0) == []
+
+
 def test_hash_drbg_seed_length():
     with pytest.raises(ValueError, match="24 bytes"):
         c.HashDrbg(bytes(16))
@@ -366,6 +389,19 @@ def test_sample_defaults_to_the_csprng():
 
 def le(hex32):
     return int.from_bytes(h(hex32), "little")
+
+
+@settings(max_examples=300)
+@given(x=st.integers(0, 2 ** 256))
+def test_is_square_is_eulers_criterion(x):
+    """The Jacobi-symbol square test against x^((p-1)/2) == 1, the definition."""
+    assert c._is_square(x) == (pow(x, (P - 1) // 2, P) == 1)
+
+
+def test_is_square_edges():
+    """0 (and p) is not a non-zero square; -1 is one (p = 1 mod 4); 2 is not (p = 5 mod 8)."""
+    assert [c._is_square(x) for x in (0, P, 1, 4, P - 1, 2, 2 * 9)] == \
+        [False, False, True, True, True, False, False]
 
 
 def test_constants():
@@ -497,6 +533,8 @@ def test_routes_are_named():
     assert c.POLY1305_ROUTE in ("pycryptodome Poly1305_MAC", "pure Python")
     assert c.X25519_ROUTE in ("pycryptodome Crypto.Protocol.DH", "pure Python")
     assert c.EDWARDS_ROUTE in ("pycryptodome EccPoint", "pure Python")
+    assert c.HSALSA20_ROUTE in ("pycryptodome Salsa20 seek", "pure Python")
+    assert (c.hsalsa20 is c._hsalsa20_pure) == (c.HSALSA20_ROUTE == "pure Python")
     assert (c.poly1305 is c._poly1305_pure) == (c.POLY1305_ROUTE == "pure Python")
     assert (c.x25519 is c._x25519_pure) == (c.X25519_ROUTE == "pure Python")
     assert (c._dirty_u is c._dirty_u_pure) == (c.EDWARDS_ROUTE == "pure Python")
