@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""check_imports.py: the project's import graph, and the rules it must keep.
+
+Reads every top-level ``*.py`` of the project with ``ast`` (nothing is
+imported or run), keeps the imports that name one of the project's own
+modules, wherever they stand (a lazy ``import demo`` inside a function is an
+edge too), prints the graph one ``module -> deps`` line per module, and
+checks three rules::
+
+    1. no cycle                    a -> b -> a would make the layers meaningless
+    2. nobody imports obfsproxy    the CLI is the top; nothing may depend on it
+    3. the sans-IO leaves          obfs2, obfs3, obfs4, obfs4_crypto, socks
+       import nothing of ours,     except obfs4 -> obfs4_crypto (the primitives
+                                   obfs4 needs); a leaf that imported proxy would
+                                   drag sockets and threads into the protocol
+
+Exit status 0 when all hold, 1 (with one line per violation on stderr) when
+one does not or a file does not parse.
+
+Usage: ``python3 tools/check_imports.py [PROJECT_DIR]`` (default: the folder
+above this script). The tests run it on a copy with a cycle injected, to show
+that it can fail.
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+CLI = "obfsproxy"
+LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "socks")
+LEAF_ALLOWED = {("obfs4", "obfs4_crypto")}
+
+
+def imported_names(tree):
+    """The top-level package name of every absolute import in ``tree``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def build_graph(folder):
+    """{module: sorted list of the project modules it imports}. SyntaxError
+    (with the file name) when a file does not parse."""
+    paths = {path.stem: path for path in sorted(Path(folder).glob("*.py"))}
+    graph = {}
+    for module, path in paths.items():
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source, filename=str(path))
+        graph[module] = sorted((imported_names(tree) & set(paths)) - {module})
+    return graph
+
+
+def find_cycle(graph):
+    """One cycle as a list [a, b, ..., a], or None. Depth-first search with
+    three colours: a grey node reached again closes a cycle."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = dict.fromkeys(graph, WHITE)
+    path = []
+
+    def visit(module):
+        colour[module] = GREY
+        path.append(module)
+        for dep in graph[module]:
+            if colour[dep] == GREY:
+                return path[path.index(dep):] + [dep]
+            if colour[dep] == WHITE:
+                cycle = visit(dep)
+                if cycle:
+                    return cycle
+        path.pop()
+        colour[module] = BLACK
+        return None
+
+    for module in sorted(graph):
+        if colour[module] == WHITE:
+            cycle = visit(module)
+            if cycle:
+                return cycle
+    return None
+
+
+def violations(graph):
+    """Every broken rule, one sentence each."""
+    problems = []
+    cycle = find_cycle(graph)
+    if cycle:
+        problems.append("import cycle: %s" % " -> ".join(cycle))
+    for module, deps in sorted(graph.items()):
+        if CLI in deps:
+            problems.append("%s imports %s, the command line (nothing may)" % (module, CLI))
+        if module in LEAVES:
+            for dep in deps:
+                if (module, dep) not in LEAF_ALLOWED:
+                    problems.append("%s is a sans-IO leaf but imports %s" % (module, dep))
+    return problems
+
+
+def main(argv):
+    folder = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent.parent
+    try:
+        graph = build_graph(folder)
+    except SyntaxError as error:
+        print("check_imports: cannot parse %s: %s" % (error.filename, error.msg), file=sys.stderr)
+        return 1
+    if not graph:
+        print("check_imports: no *.py files in %s" % folder, file=sys.stderr)
+        return 1
+    for module, deps in sorted(graph.items()):
+        print("%s -> %s" % (module, ", ".join(deps) if deps else "(nothing of ours)"))
+    problems = violations(graph)
+    for problem in problems:
+        print("check_imports: %s" % problem, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
