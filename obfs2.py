@@ -192,7 +192,12 @@ def _config(options):
     text = options.get("ss-hash-iterations", str(HASH_ITERATIONS))
     if not text.isdigit():
         raise ValueError("ss-hash-iterations must be a whole number, not %r" % text)
-    return Config(options.get("shared-secret"), int(text))
+    secret = options.get("shared-secret")
+    try:
+        secret = secret.encode() if isinstance(secret, str) else secret
+    except UnicodeError:   # e.g. undecodable bytes from the environment
+        raise ValueError("the shared secret is not valid UTF-8 text")
+    return Config(secret, int(text))
 
 
 class Obfs2:
@@ -246,8 +251,12 @@ class Obfs2:
         secret = config.shared_secret
         if isinstance(secret, bytes):
             secret = secret.decode("utf-8", "replace")
-        # The client needs the secret in its Bridge line: Tor publishes ARGS.
-        return config, ({"shared-secret": secret} if secret else {})
+        # The client needs the secret (and a non-default round count) in its
+        # Bridge line: Tor publishes the ARGS.
+        announce = {"shared-secret": secret} if secret else {}
+        if secret and config.hash_iterations != HASH_ITERATIONS:
+            announce["ss-hash-iterations"] = str(config.hash_iterations)
+        return config, announce
 
     def __init__(self, initiator, config=None, randbytes=secrets.token_bytes, padlen=None,
                  **config_fields):

@@ -49,12 +49,6 @@ def bridge_line_args(announce):
     return dict(announce)
 
 
-def obfs2_with_few_iterations(announce):
-    # ss-hash-iterations is not announced (KNOWN_BUGS, below);
-    # the client is told it as the operator would tell it.
-    return dict(announce, **{"ss-hash-iterations": "7"})
-
-
 CASES = {
     "obfs4": [Case("iat0", {}, bridge_line_args),
               Case("iat1", {"iat-mode": "1"}, bridge_line_args, paced=True),
@@ -62,7 +56,7 @@ CASES = {
     "obfs3": [Case("plain", {}, lambda announce: {})],
     "obfs2": [Case("plain", {}, lambda announce: {}),
               Case("secret", {"shared-secret": "correct horse", "ss-hash-iterations": "7"},
-                   obfs2_with_few_iterations)],
+                   bridge_line_args)],
     "dummy": [Case("plain", {}, lambda announce: {})],
 }
 DEFAULT_CASES = [Case("default", {}, bridge_line_args)]   # a transport with no row yet
@@ -401,11 +395,7 @@ def test_handshake_and_data_both_ways(setup, split):
 
 
 # Bugs reported to the owners, each proven here until fixed (then drop the entry).
-KNOWN_BUGS = {
-    ("obfs2", "secret"): "obfs2.server_config does not announce a non-default "
-                         "ss-hash-iterations, so a client given the bridge line's ARGS "
-                         "hashes 100000 times and the handshake fails",
-}
+KNOWN_BUGS = {}   # (transport, case label) -> why it is expected to fail, until fixed
 
 
 def test_the_announced_args_are_all_a_client_needs(setup, request):
