@@ -11,6 +11,7 @@ import hashlib
 import random
 
 import pytest
+from Crypto.Cipher import Salsa20
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import load_vectors
@@ -32,6 +33,7 @@ def route(request, monkeypatch):
         monkeypatch.setattr(c, "x25519", c._x25519_pure)
         monkeypatch.setattr(c, "_dirty_u", c._dirty_u_pure)
         monkeypatch.setattr(c, "hsalsa20", c._hsalsa20_pure)
+        monkeypatch.setattr(c, "_salsa20_xor", c._salsa20_xor_pycryptodome)   # the public API
     return request.param
 
 
@@ -66,6 +68,26 @@ def test_hsalsa20_routes_agree(key, input16):
     assert c.hsalsa20(key, input16) == c._hsalsa20_pure(key, input16)
     top = input16[:8] + b"\xff" * 8
     assert c.hsalsa20(key, top) == c._hsalsa20_pure(key, top)
+
+
+@settings(max_examples=60)
+@given(key=st.binary(min_size=32, max_size=32), nonce=st.binary(min_size=8, max_size=8),
+       data=st.binary(max_size=1500))
+def test_salsa20_routes_agree(key, nonce, data):
+    """The raw C call against pycryptodome's public Salsa20, any buffer type in."""
+    want = Salsa20.new(key=key, nonce=nonce).encrypt(data)
+    assert bytes(c._salsa20_xor(key, nonce, data)) == want
+    assert bytes(c._salsa20_xor(key, nonce, memoryview(bytearray(data)))) == want
+
+
+def test_the_raw_routes_fail_loudly_on_bad_input():
+    """A wrong key length must raise (the self-test would then pick another route), never
+    read past a buffer."""
+    for key, nonce in ((bytes(31), bytes(8)), (bytes(32), bytes(7))):
+        with pytest.raises(ValueError):
+            c._salsa20_xor(key, nonce, b"x")
+    with pytest.raises(ValueError):
+        c.poly1305(bytes(31), b"x")
 
 
 @pytest.mark.parametrize("v", cases(PRIMITIVES["xsalsa20"]))
@@ -530,7 +552,11 @@ def test_generate_keypair_uses_the_csprng_by_default():
 # --- the route choice -----------------------------------------------------------------
 
 def test_routes_are_named():
-    assert c.POLY1305_ROUTE in ("pycryptodome Poly1305_MAC", "pure Python")
+    assert c.POLY1305_ROUTE in ("pycryptodome raw Poly1305 (cffi)", "pycryptodome Poly1305_MAC",
+                                "pure Python")
+    assert c.SALSA20_ROUTE in ("pycryptodome raw Salsa20 (cffi)", "pycryptodome Salsa20")
+    assert (c._salsa20_xor is c._salsa20_xor_raw) == (c.SALSA20_ROUTE == "pycryptodome raw Salsa20 (cffi)")
+    assert (c.poly1305 is c._poly1305_raw) == (c.POLY1305_ROUTE == "pycryptodome raw Poly1305 (cffi)")
     assert c.X25519_ROUTE in ("pycryptodome Crypto.Protocol.DH", "pure Python")
     assert c.EDWARDS_ROUTE in ("pycryptodome EccPoint", "pure Python")
     assert c.HSALSA20_ROUTE in ("pycryptodome Salsa20 seek", "pure Python")
@@ -543,7 +569,10 @@ def test_routes_are_named():
 def test_the_fast_routes_run_wherever_pycryptodome_has_them():
     """A fast route that exists but fails its self-test falls back silently (correct, but
     2-10x slower): with the pycryptodome this project pins, all three must be chosen."""
-    if c._Poly1305_MAC is not None:
+    if c._poly1305_raw is not c._raw_unavailable:
+        assert c.POLY1305_ROUTE == "pycryptodome raw Poly1305 (cffi)"
+        assert c.SALSA20_ROUTE == "pycryptodome raw Salsa20 (cffi)"
+    elif c._Poly1305_MAC is not None:
         assert c.POLY1305_ROUTE == "pycryptodome Poly1305_MAC"
     if c._DH is not None:
         assert c.X25519_ROUTE == "pycryptodome Crypto.Protocol.DH"
@@ -570,6 +599,12 @@ def test_the_embedded_self_test_answers_are_the_vectors():
     """The import-time known answers are copies of shared vectors; keep them in step."""
     rfc8439 = cases(PRIMITIVES["poly1305"])[0]
     assert c._POLY1305_ANSWERS[0] == ((h(rfc8439["key"]), h(rfc8439["msg"])), h(rfc8439["tag"]))
+    stream = cases(PRIMITIVES["xsalsa20"])[0]
+    subkey = c._hsalsa20_pure(h(stream["key"]), h(stream["nonce"])[:16])
+    assert [args for args, _ in c._SALSA20_ANSWERS] == [
+        (subkey, h(stream["nonce"])[16:], bytes(32)), (subkey, h(stream["nonce"])[16:], bytes(160))]
+    assert [answer for _, answer in c._SALSA20_ANSWERS] == [
+        h(stream["keystream_first_32"]), h(stream["keystream_first_160"])]
     x = cases(PRIMITIVES["x25519"])[0]
     assert c._X25519_ANSWERS[0] == ((h(x["scalar"]), h(x["u"])), h(x["out"]))
     dirty = {v["priv32_sha512_first_half"]: v["dirty_u"] for v in cases(ELLIGATOR["dirty_keypairs"])}
