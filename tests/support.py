@@ -26,14 +26,14 @@ IN_CI = os.environ.get("CI") == "true"
 
 
 def load_vectors(name):
-    """The known answers in ``shared/vectors/NAME`` (beside the checkout, as in CI;
-    or under $OBFSPROXY_VECTORS). Missing vectors fail the test: they are the proof."""
+    """The known answers in ``tests/vectors/NAME`` (copied from the project's
+    shared/vectors; $OBFSPROXY_VECTORS names another folder). Missing vectors
+    fail the test: they are the proof."""
     import json
-    folder = Path(os.environ.get("OBFSPROXY_VECTORS") or ROOT.parent / "shared" / "vectors")
+    folder = Path(os.environ.get("OBFSPROXY_VECTORS") or ROOT / "tests" / "vectors")
     path = folder / name
     if not path.is_file():
-        pytest.fail("known-answer vectors %s not found (set OBFSPROXY_VECTORS to the folder "
-                    "holding shared/vectors)" % path)
+        pytest.fail("known-answer vectors %s not found" % path)
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -224,6 +224,15 @@ def closed_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()
+
+
+def reserved_port(host="127.0.0.1"):
+    """A socket bound but not listening: connections to its port are refused,
+    and no other process can take the port while we hold it (unlike
+    ``closed_port``). Use it as a context manager."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.bind((host, 0))
+    return sock
 
 
 def assert_refused(address, timeout=10.0):
