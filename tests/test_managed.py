@@ -5,7 +5,9 @@ Every subprocess test goes through ``ManagedPT``, which fails the test if any
 stdout line is not a pluggable-transport message.
 """
 
+import base64
 import hashlib
+import json
 import os
 import re
 import signal
@@ -16,12 +18,16 @@ import sys
 
 import pytest
 from fake_tor import (
+    OBFS4_BRIDGE_LINE,
+    OBFS4_STATE,
     ExtORPort,
     ManagedPT,
     Obfs2Client,
     client_env,
     managed_echo_server,
+    obfs4_state,
     server_env,
+    socks5_connect_split,
     tor_env,
     write_cookie,
 )
@@ -35,6 +41,7 @@ from support import (
     echo_round_trip,
     has_ipv6_loopback,
     listening_socket,
+    load_vectors,
     recv_exact,
     require_obfs4proxy,
     socks5_connect,
@@ -310,7 +317,7 @@ def test_shared_secret_from_options_and_socks_arguments(tmp_path):
         client = ManagedPT(client_env(tmp_path), FAST)
         with server, client:
             # The client needs the secret in its Bridge line: announced as ARGS.
-            assert server.field("SMETHOD", "args") == r"shared-secret=a:b;c\=d\\e"
+            assert server.field("SMETHOD", "args") == r"shared-secret=a:b;c\=d\\e,ss-hash-iterations=10"
             bridge, socks = server.smethods["obfs2"], client.cmethods["obfs2"]
             arguments = "shared-secret=" + secret.replace("\\", "\\\\").replace(";", "\\;") \
                 .replace("=", "\\=")
@@ -329,7 +336,7 @@ def test_shared_secret_from_the_command_line(tmp_path):
         server = ManagedPT(server_env(tmp_path, echo.address), FAST, "--shared-secret=cli")
         client = ManagedPT(client_env(tmp_path), FAST, "--shared-secret=cli")
         with server, client:
-            assert server.field("SMETHOD", "args") == "shared-secret=cli"
+            assert server.field("SMETHOD", "args") == "shared-secret=cli,ss-hash-iterations=10"
             with socks5_connect(client.cmethods["obfs2"], server.smethods["obfs2"]) as sock:
                 assert echo_round_trip(sock, b"default secret") == b"default secret"
 
@@ -538,6 +545,149 @@ def test_parent_death_is_noticed(tmp_path):
         assert_refused(address, timeout=0)
 
 
+# --- obfs3 and obfs4 under Tor: several transports, obfs4's state, options and arguments ------
+
+SEVERAL = "obfs2,obfs3,obfs4"
+STATE_VECTORS = load_vectors("obfs4-server-state.json")
+PINNED_STATE = json.loads(STATE_VECTORS["identity_from_options"]["obfs4_state.json"])
+PINNED = ";".join("obfs4:%s=%s" % (key, PINNED_STATE[key])
+                  for key in ("node-id", "private-key", "drbg-seed"))
+
+
+def bridge_socks_args(pt, name):
+    """What Tor sends our client for a Bridge line carrying ``name``'s SMETHOD ARGS:
+    the k=v items joined with ";" (pt-spec 3.5), or None when there are none."""
+    return ";".join("%s=%s" % item for item in sorted(pt.args(name).items())) or None
+
+
+def test_obfs2_obfs3_obfs4_together_in_each_role(tmp_path):
+    """One managed client and one managed server, each asked for obfs2, obfs3 and
+    obfs4 at once: one CMETHOD / SMETHOD each, ARGS only for obfs4 (cert, iat-mode),
+    and a tunnel through every one of them, all open at the same time."""
+    payload = os.urandom(200_000)
+    with EchoServer() as echo:
+        server = ManagedPT(server_env(tmp_path, echo.address, SEVERAL))
+        client = ManagedPT(client_env(tmp_path, SEVERAL))
+        with server, client:
+            assert client.keywords() == ["VERSION"] + ["CMETHOD"] * 3 + ["CMETHODS DONE"]
+            assert server.keywords() == ["VERSION"] + ["SMETHOD"] * 3 + ["SMETHODS DONE"]
+            assert server.args("obfs2") == server.args("obfs3") == {}
+            line = [line for line in server.stdout.lines if line.startswith("SMETHOD obfs4 ")]
+            assert len(line) == 1 and re.fullmatch(
+                r"SMETHOD obfs4 127\.0\.0\.1:\d+ ARGS:cert=[A-Za-z0-9+/]{70},iat-mode=0", line[0]), line
+            tunnels_through_all(client, server, payload)
+
+
+def test_obfs4_state_lives_in_tor_pt_state_location(tmp_path):
+    """obfs4_state.json and obfs4_bridgeline.txt in TOR_PT_STATE_LOCATION, in
+    obfs4proxy's format and modes; the cert in SMETHOD ARGS is the bridge line's and
+    decodes to the state's node-id and public key; a restart keeps the identity."""
+    state = tmp_path / "server-state"
+    with EchoServer() as echo:
+        env = server_env(tmp_path, echo.address, "obfs4")
+        with ManagedPT(env) as pt:
+            args = pt.args("obfs4")
+            pt.close_stdin()
+            assert pt.wait() == 0
+        raw, fields, (cert, iat_mode) = obfs4_state(state)
+        assert (cert, iat_mode) == (args["cert"], args["iat-mode"]) == (cert, "0")
+        assert list(fields) == ["node-id", "private-key", "public-key", "drbg-seed", "iat-mode"]
+        assert b" " not in raw and not raw.endswith(b"\n") and fields["iat-mode"] == 0
+        assert base64.b64decode(cert + "==").hex() == fields["node-id"] + fields["public-key"]
+        assert [len(fields[k]) for k in ("node-id", "private-key", "drbg-seed")] == [40, 64, 48]
+        assert (state.stat().st_mode & 0o777) == 0o700
+        for name in (OBFS4_STATE, OBFS4_BRIDGE_LINE):
+            assert ((state / name).stat().st_mode & 0o777) == 0o600, name
+
+        with ManagedPT(env) as again:
+            assert again.args("obfs4") == args
+            assert obfs4_state(state)[0] == raw
+
+
+@pytest.mark.parametrize("iat_mode", [None, "1", "2"])
+def test_obfs4_identity_and_iat_mode_from_server_options(tmp_path, iat_mode):
+    """TOR_PT_SERVER_TRANSPORT_OPTIONS obfs4:node-id/private-key/drbg-seed (and
+    iat-mode): the SMETHOD ARGS and both files are byte for byte what obfs4proxy wrote
+    for the same options (vectors: identity_from_options)."""
+    vector = STATE_VECTORS["identity_from_options"]
+    expected_args, expected_state = vector["smethod_args"], vector["obfs4_state.json"]
+    expected_line = vector["obfs4_bridgeline.txt"]
+    options = PINNED
+    if iat_mode is not None:      # iat-mode changes only the iat-mode fields
+        options += ";obfs4:iat-mode=" + iat_mode
+        expected_args = expected_args.replace("iat-mode=0", "iat-mode=" + iat_mode)
+        expected_state = expected_state.replace('"iat-mode":0', '"iat-mode":' + iat_mode)
+        expected_line = expected_line.replace("iat-mode=0", "iat-mode=" + iat_mode)
+    state = tmp_path / "server-state"
+    with ManagedPT(server_env(tmp_path, ("127.0.0.1", 9), "obfs4",
+                              SERVER_TRANSPORT_OPTIONS=options)) as pt:
+        assert pt.field("SMETHOD", "args") == expected_args
+    assert (state / OBFS4_STATE).read_text() == expected_state
+    assert (state / OBFS4_BRIDGE_LINE).read_text() == expected_line
+
+
+OPTION_ERRORS = {case["options"]: case for case in STATE_VECTORS["option_errors"]}
+
+
+@pytest.mark.parametrize("options", list(OPTION_ERRORS))
+def test_obfs4_option_errors_are_worded_like_obfs4proxy(tmp_path, options):
+    """Bad obfs4 server options: the same stdout as obfs4proxy's, line for line
+    (vectors: option_errors); an unknown option is ignored. A missing part of the
+    identity writes no file; a bad iat-mode after a fresh identity writes only the
+    state file, as obfs4proxy does."""
+    case = OPTION_ERRORS[options]
+    state = tmp_path / "server-state"
+    options = options.replace("<40 hex>", "11" * 20)
+    with ManagedPT(server_env(tmp_path, ("127.0.0.1", 9), "obfs4",
+                              SERVER_TRANSPORT_OPTIONS=options)) as pt:
+        if isinstance(case["stdout"], list):
+            assert pt.stdout.lines == case["stdout"]
+            assert pt.wait() is not None          # nothing to serve: it exits
+        else:   # "normal SMETHOD line; unknown server options are ignored"
+            assert pt.keywords() == ["VERSION", "SMETHOD", "SMETHODS DONE"]
+            assert sorted(pt.args("obfs4")) == ["cert", "iat-mode"]
+    files = sorted(path.name for path in state.iterdir() if path.name.startswith("obfs4_"))
+    expected_files = {"obfs4:node-id": [], "obfs4:iat-mode=3": [OBFS4_STATE]}
+    for prefix, names in expected_files.items():
+        if options.startswith(prefix):
+            assert files == names, files
+
+
+OBFS4_SPLITS = ["uname only", "uname and passwd", "longer than uname", "socks4 userid"]
+
+
+@pytest.mark.parametrize("split", OBFS4_SPLITS)
+def test_obfs4_socks_arguments_however_tor_sends_them(tmp_path, split):
+    """The cert reaches our managed obfs4 client whichever way the SOCKS request
+    carries it: all in UNAME (PASSWD a lone NUL), cut anywhere between UNAME and
+    PASSWD, longer than UNAME (an unknown key makes it spill, as a long Bridge line
+    does), or as a SOCKS4 USERID."""
+    payload = os.urandom(100_000)
+    with EchoServer() as echo:
+        server = ManagedPT(server_env(tmp_path, echo.address, "obfs4"))
+        client = ManagedPT(client_env(tmp_path, "obfs4"))
+        with server, client:
+            args = bridge_socks_args(server, "obfs4")
+            socks, bridge = client.cmethods["obfs4"], server.smethods["obfs4"]
+            if split == "uname only":
+                sock, code = socks5_connect_split(socks, bridge, args, "\0")
+            elif split == "uname and passwd":
+                sock, code = socks5_connect_split(socks, bridge, args[:40], args[40:])
+            elif split == "longer than uname":
+                long_args = args + ";unknown-key=" + "x" * 250
+                assert len(long_args) > 255
+                sock, code = socks5_connect_split(socks, bridge, long_args[:255], long_args[255:])
+            else:
+                sock = socket.create_connection(socks, timeout=30)
+                # VN=04 CD=01 DSTPORT DSTIP USERID NUL
+                sock.sendall(struct.pack("!BBH", 4, 1, bridge[1]) + socket.inet_aton(bridge[0])
+                             + args.encode() + b"\0")
+                code = 0 if recv_exact(sock, 8)[1] == 0x5A else 1
+            assert code == 0
+            with sock:
+                assert same(echo_round_trip(sock, payload), payload)
+
+
 # --- Interop with obfs4proxy (Debian's, Go), both managed ------------------------------------
 
 def obfs4proxy_env(tmp_path, role, **variables):
@@ -568,5 +718,49 @@ def test_obfs4proxy_managed_client_with_our_managed_server(tmp_path):
                 ManagedPT(env, command=[obfs4proxy]) as theirs:
             with socks5_connect(theirs.cmethods["obfs2"], ours.smethods["obfs2"]) as sock:
                 assert same(echo_round_trip(sock, payload), payload)
+            ours.close_stdin()
+            assert ours.wait() == 0
+
+
+def tunnels_through_all(client, server, payload):
+    """A tunnel through each of obfs2, obfs3 and obfs4 at once, from ``client``'s
+    CMETHODs to ``server``'s SMETHODs, obfs4 with the server's ARGS as a Bridge line
+    would give them; each echo checked by SHA-256."""
+    names = SEVERAL.split(",")
+    assert list(client.cmethods) == list(server.smethods) == names
+    socks = {name: socks5_connect(client.cmethods[name], server.smethods[name],
+                                  args=bridge_socks_args(server, name)) for name in names}
+    try:
+        for name, sock in socks.items():
+            assert same(echo_round_trip(sock, payload), payload), name
+    finally:
+        for sock in socks.values():
+            sock.close()
+
+
+@pytest.mark.interop
+def test_our_managed_client_with_obfs4proxy_managed_server_for_obfs3_and_obfs4(tmp_path):
+    obfs4proxy = require_obfs4proxy()
+    with EchoServer() as echo:
+        env = obfs4proxy_env(tmp_path, "server", SERVER_TRANSPORTS=SEVERAL,
+                             SERVER_BINDADDR=",".join("%s-127.0.0.1:0" % name
+                                                      for name in SEVERAL.split(",")),
+                             ORPORT="%s:%d" % echo.address)
+        with ManagedPT(env, command=[obfs4proxy]) as theirs, \
+                ManagedPT(client_env(tmp_path, SEVERAL)) as ours:
+            assert sorted(theirs.args("obfs4")) == ["cert", "iat-mode"]
+            tunnels_through_all(ours, theirs, os.urandom(1 << 20))
+            theirs.close_stdin()
+            assert theirs.wait() == 0
+
+
+@pytest.mark.interop
+def test_obfs4proxy_managed_client_with_our_managed_server_for_obfs3_and_obfs4(tmp_path):
+    obfs4proxy = require_obfs4proxy()
+    with EchoServer() as echo:
+        env = obfs4proxy_env(tmp_path, "client", CLIENT_TRANSPORTS=SEVERAL)
+        with ManagedPT(server_env(tmp_path, echo.address, SEVERAL)) as ours, \
+                ManagedPT(env, command=[obfs4proxy]) as theirs:
+            tunnels_through_all(theirs, ours, os.urandom(1 << 20))
             ours.close_stdin()
             assert ours.wait() == 0
