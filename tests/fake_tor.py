@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 
-from support import PROGRAM, ROOT, EchoServer, LineReader, echo, recv_exact
+from support import PROGRAM, ROOT, EchoServer, LineReader, echo, recv_exact, socks5_request
 
 import obfs2
 
@@ -54,6 +54,27 @@ def parse_message(line):
         if match:
             return keyword, match.groupdict()
     raise AssertionError("not a pluggable-transport message on stdout: %r" % line)
+
+
+def parse_smethod_args(text):
+    """``k=v,k=v`` (backslash escapes) -> {k: v}."""
+    result, key, current, escaped = {}, None, [], False
+    for char in text + ",":
+        if escaped:
+            current.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "=" and key is None:
+            key, current = "".join(current), []
+        elif char == ",":
+            if key is not None or current:
+                assert key is not None, "ARGS item without '=': %r" % text
+                result[key] = "".join(current)
+            key, current = None, []
+        else:
+            current.append(char)
+    return result
 
 
 def parse_address(text):
@@ -144,6 +165,14 @@ class ManagedPT:
     @property
     def smethods(self):
         return {f["name"]: parse_address(f["address"]) for k, f in self.messages if k == "SMETHOD"}
+
+    def args(self, name):
+        """The SMETHOD ARGS of transport ``name`` as {key: value}, unescaped (pt-spec:
+        ``k=v,k=v`` with ``\\`` escaping ``,`` ``=`` and ``\\``)."""
+        for keyword, fields in self.messages:
+            if keyword == "SMETHOD" and fields["name"] == name:
+                return parse_smethod_args(fields["args"] or "")
+        raise AssertionError("no SMETHOD %s in %r" % (name, self.stdout.lines))
 
     def field(self, keyword, name="message"):
         for k, fields in self.messages:
@@ -340,7 +369,11 @@ def client_env(tmp_path, transports="obfs2", **variables):
     return tor_env(tmp_path / "client-state", **settings)
 
 
-def server_env(tmp_path, orport, transports="obfs2", bindaddr="obfs2-127.0.0.1:0", **variables):
+def server_env(tmp_path, orport, transports="obfs2", bindaddr=None, **variables):
+    """Tor's environment for a server of ``transports`` ("obfs2,obfs4"); ``bindaddr``
+    defaults to 127.0.0.1:0 for each of them."""
+    if bindaddr is None:
+        bindaddr = ",".join("%s-127.0.0.1:0" % name for name in transports.split(","))
     # Like tor 0.4.9: TOR_PT_EXTENDED_SERVER_PORT is always set, empty when unused.
     settings = {"SERVER_TRANSPORTS": transports, "SERVER_BINDADDR": bindaddr,
                 "ORPORT": "%s:%d" % orport, "EXTENDED_SERVER_PORT": "",
@@ -355,3 +388,44 @@ def managed_echo_server(tmp_path, **variables):
     of an echo service; yields the ManagedPT."""
     with EchoServer() as service, ManagedPT(server_env(tmp_path, service.address, **variables)) as pt:
         yield pt
+
+
+# --- SOCKS5 the way Tor sends a Bridge line's arguments --------------------------------
+
+def socks5_connect_split(proxy_address, target, uname, passwd, timeout=30):
+    """SOCKS5 CONNECT with RFC 1929 UNAME and PASSWD given separately (pt-spec 3.5:
+    Tor puts the first 255 bytes of the arguments in UNAME and the rest in PASSWD, or a
+    single NUL when there is no rest; a transport must join them). Returns
+    (socket, CONNECT reply code); the socket is open only when the code is 0."""
+    uname, passwd = uname.encode(), passwd.encode()
+    assert 1 <= len(uname) <= 255 and 1 <= len(passwd) <= 255
+    sock = socket.create_connection(proxy_address, timeout=timeout)
+    try:
+        sock.sendall(b"\x05\x01\x02")                  # VER=05 NMETHODS=01 METHODS=[02]
+        assert recv_exact(sock, 2) == b"\x05\x02"
+        sock.sendall(bytes([1, len(uname)]) + uname + bytes([len(passwd)]) + passwd)
+        assert recv_exact(sock, 2) == b"\x01\x00", "RFC 1929 authentication refused"
+        sock.sendall(socks5_request(target))
+        reply = recv_exact(sock, 4)
+        recv_exact(sock, {1: 4, 4: 16}.get(reply[3], 0) + 2)
+    except BaseException:
+        sock.close()
+        raise
+    if reply[1] != 0:
+        sock.close()
+    return sock, reply[1]
+
+
+# --- obfs4 state files (TOR_PT_STATE_LOCATION) ---------------------------------------
+
+OBFS4_STATE, OBFS4_BRIDGE_LINE = "obfs4_state.json", "obfs4_bridgeline.txt"
+
+
+def obfs4_state(state_dir):
+    """(obfs4_state.json as bytes, its fields, the bridge line file's cert and iat-mode)."""
+    import json
+    raw = (state_dir / OBFS4_STATE).read_bytes()
+    line = re.search(r"^Bridge obfs4 <IP ADDRESS>:<PORT> <FINGERPRINT> cert=(\S+) iat-mode=(\d)$",
+                     (state_dir / OBFS4_BRIDGE_LINE).read_text(), re.MULTILINE)
+    assert line, "no bridge line in %s" % (state_dir / OBFS4_BRIDGE_LINE)
+    return raw, json.loads(raw), line.groups()
