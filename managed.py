@@ -70,9 +70,12 @@ class Announcer:
         self._write = write
         self._lock = threading.Lock()
         self.configured = False      # True after the last *METHODS DONE
+        self.errors = 0              # CMETHOD-ERROR and SMETHOD-ERROR lines said
 
     def say(self, *words):
         # A value from the environment must not be able to start a new line.
+        if words and words[0] in ("CMETHOD-ERROR", "SMETHOD-ERROR"):
+            self.errors += 1
         line = "".join(ch if ch.isprintable() else "?" for ch in " ".join(words))
         with self._lock:
             try:
@@ -306,8 +309,11 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
     finally:
         tor.configured = True
     if not server.listeners:
+        # Nothing asked for that we have: a clean exit. Everything asked for
+        # failed (each with its *METHOD-ERROR line): a failure, as obfs4proxy.
+        failed = tor.errors > 0
         log.log(NOTICE, "no transport is listening; exiting")
-        return 0
+        return 1 if failed else 0
     server.serve()
     log.log(NOTICE, "managed mode stopped")
     return 0

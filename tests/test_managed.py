@@ -642,7 +642,7 @@ def test_obfs4_option_errors_are_worded_like_obfs4proxy(tmp_path, options):
                               SERVER_TRANSPORT_OPTIONS=options)) as pt:
         if isinstance(case["stdout"], list):
             assert pt.stdout.lines == case["stdout"]
-            assert pt.wait() is not None          # nothing to serve: it exits
+            assert pt.wait() == 1     # every transport failed: exit non-zero, like obfs4proxy
         else:   # "normal SMETHOD line; unknown server options are ignored"
             assert pt.keywords() == ["VERSION", "SMETHOD", "SMETHODS DONE"]
             assert sorted(pt.args("obfs4")) == ["cert", "iat-mode"]
