@@ -90,7 +90,6 @@ def format_address(address):
     return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
 
 
-
 def is_ip_literal(host):
     try:
         ipaddress.ip_address(host)
@@ -101,11 +100,9 @@ def is_ip_literal(host):
 
 def is_loopback(host):
     try:
-        import ipaddress
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
-
 
 
 # --- Connecting ---------------------------------------------------------------
@@ -173,8 +170,6 @@ def tune(sock):
                 pass
 
 
-
-
 class ProxyURIError(ValueError):
     """An outgoing proxy URI (TOR_PT_PROXY, --proxy) is unusable. Managed mode
     answers ``PROXY-ERROR``; the command line refuses to start."""
@@ -228,11 +223,12 @@ def parse_proxy_uri(text):
         raise ProxyURIError("the proxy user and password must be UTF-8 once percent-decoded")
     if scheme == "socks4a" and password is not None:
         raise ProxyURIError("socks4a has a user id but no password")
+    if scheme == "socks4a" and username is not None and "\0" in username:
+        raise ProxyURIError("a SOCKS4a user id cannot contain NUL (it ends the field)")
     if scheme == "socks5" and username is not None:
         if not 1 <= len(username.encode()) <= 255 or len((password or "").encode()) > 255:
             raise ProxyURIError("SOCKS5 user and password must be 1-255 and 0-255 bytes")
     return ProxyURI(scheme, host, port, username, password)
-
 
 
 def _recv_exact(sock, n, deadline, error=None):
@@ -246,15 +242,21 @@ def connect_via_proxy(proxy_uri, address, deadline, sources=None):
     to reply codes: ConnectionRefusedError (the proxy says refused),
     socket.timeout (deadline), OSError with ENETUNREACH/EHOSTUNREACH, and
     ProxyError for everything else.
+
+    The request is built before we connect, so a target it cannot carry
+    (``check_target``) never reaches the proxy::
+
+        parse_proxy_uri -> build the request -> connect to the proxy -> exchange -> tunnel
     """
     try:
         proxy = parse_proxy_uri(proxy_uri)
     except ProxyURIError as exc:
         raise ProxyError("bad outgoing proxy: %s" % exc)
-    # The target name goes into the proxy's request (an HTTP header line, a
-    # SOCKS field): a name with CR/LF or other non-host characters would inject.
-    if not is_ip_literal(address[0]) and not socks.is_valid_hostname(address[0]):
-        raise ProxyError("refusing to ask the proxy for a malformed host name %r" % address[0][:64])
+    build, exchange = _PROTOCOLS[proxy.scheme]
+    try:
+        request = build(proxy, address)
+    except ValueError as exc:
+        raise ProxyError("cannot ask the %s proxy for this target: %s" % (proxy.scheme, exc))
     try:
         sock = connect((proxy.host, proxy.port), deadline.remaining(), sources)
     except socket.timeout:
@@ -262,83 +264,125 @@ def connect_via_proxy(proxy_uri, address, deadline, sources=None):
     except OSError as exc:
         raise ProxyError("cannot reach the %s proxy: %s" % (proxy.scheme, exc.strerror or exc))
     try:
-        _HANDSHAKES[proxy.scheme](sock, proxy, address, deadline)
+        exchange(sock, proxy, request, deadline)
     except BaseException:
         sock.close()
         raise
     return sock
 
 
+def check_target(host, ipv6=True):
+    """ValueError unless a proxy request can carry ``host``: an IP literal
+    (IPv6 only when ``ipv6``), or a host name by ``socks.is_valid_hostname``.
+    The name goes into a SOCKS field or an HTTP header line, where CR/LF would
+    inject. The message never quotes the host: it may be the bridge's address,
+    which the log scrubs."""
+    literal = "%" not in host and is_ip_literal(host)   # a scope (fe80::1%eth0) cannot travel
+    if not literal and not socks.is_valid_hostname(host):
+        raise ValueError("the target is not a host name (a character no host name has, "
+                         "or longer than 255 bytes)")
+    if literal and not ipv6 and ":" in host:
+        raise ValueError("SOCKS4a cannot carry an IPv6 address")
+
+
+# --- SOCKS5 (RFC 1928, user and password RFC 1929): the bytes come from socks.py ---------
+
 # SOCKS5 reply codes (RFC 1928 section 6) -> the error we raise.
 _SOCKS5_FAILURES = {
-    0x03: lambda: OSError(errno.ENETUNREACH, "the proxy says: network unreachable"),
-    0x04: lambda: OSError(errno.EHOSTUNREACH, "the proxy says: host unreachable"),
-    0x05: lambda: ConnectionRefusedError(errno.ECONNREFUSED, "the proxy says: connection refused"),
-    0x06: lambda: socket.timeout("the proxy says: TTL expired"),
+    socks.NETWORK_UNREACHABLE:
+        lambda: OSError(errno.ENETUNREACH, "the proxy says: network unreachable"),
+    socks.HOST_UNREACHABLE:
+        lambda: OSError(errno.EHOSTUNREACH, "the proxy says: host unreachable"),
+    socks.CONNECTION_REFUSED:
+        lambda: ConnectionRefusedError(errno.ECONNREFUSED, "the proxy says: connection refused"),
+    socks.TTL_EXPIRED: lambda: socket.timeout("the proxy says: TTL expired"),
 }
 
 
-def _socks5(sock, proxy, address, deadline):
-    host, port = address
-    # Greeting: VER=05 NMETHODS METHODS; offer username/password (02) only with a user.
-    methods = b"\x00\x02" if proxy.username is not None else b"\x00"
-    send_all(sock, b"\x05" + bytes([len(methods)]) + methods, deadline)
-    version, method = _recv_exact(sock, 2, deadline)
-    if version != 5:
+def _socks5_request(proxy, address):
+    """VER=05 CMD=01 RSV=00 ATYP DST.ADDR DST.PORT"""
+    check_target(address[0])
+    return socks.socks5_connect(*address)
+
+
+def _socks5_userpass(user, password):
+    """RFC 1929's VER=01 ULEN UNAME PLEN PASSWD for a proxy URI's user and
+    password (str, or None for no password).
+
+    The RFC asks for PLEN >= 1, so ``socks.socks5_userpass`` refuses an empty
+    password; a URI with a user and no password (socks5://tor@HOST:PORT) is
+    sent with PLEN=0, as curl sends it and as SOCKS5 proxies take it.
+    """
+    user, password = user.encode(), (password or "").encode()
+    if password:
+        return socks.socks5_userpass(user, password)
+    return bytes([socks.USERPASS_VERSION, len(user)]) + user + b"\x00"   # PLEN=0, no PASSWD
+
+
+def _socks5(sock, proxy, request, deadline):
+    # 1. Greeting: offer username/password (02) only when the URI has a user.
+    methods = [socks.METHOD_NO_AUTH]
+    if proxy.username is not None:
+        methods.append(socks.METHOD_USERPASS)
+    send_all(sock, socks.socks5_greeting(methods), deadline)
+    version, method = _recv_exact(sock, 2, deadline)          # VER METHOD
+    if version != socks.SOCKS5_VERSION:
         raise ProxyError("the proxy does not speak SOCKS5")
-    if method == 0x02 and proxy.username is not None:
-        # RFC 1929: VER=01 ULEN UNAME PLEN PASSWD -> VER=01 STATUS (00 = success)
-        user, password = proxy.username.encode(), (proxy.password or "").encode()
-        send_all(sock, b"\x01" + bytes([len(user)]) + user
-                           + bytes([len(password)]) + password, deadline)
+    # 2. RFC 1929 when the proxy chose it: -> VER=01 STATUS (00 = success).
+    if method == socks.METHOD_USERPASS and proxy.username is not None:
+        send_all(sock, _socks5_userpass(proxy.username, proxy.password), deadline)
         if _recv_exact(sock, 2, deadline)[1] != 0:
             raise ProxyError("the SOCKS5 proxy rejected our username and password")
-    elif method != 0x00:
+    elif method != socks.METHOD_NO_AUTH:
         raise ProxyError("the SOCKS5 proxy accepts none of our authentication methods")
-    # Request: VER=05 CMD=01 RSV=00 ATYP DST.ADDR DST.PORT (socks.py's layout, client side)
+    # 3. CONNECT -> VER REP RSV ATYP BND.ADDR BND.PORT. Read exactly the reply:
+    #    what follows it is the tunnel's first bytes.
+    send_all(sock, request, deadline)
+    reply = _recv_exact(sock, 4, deadline)
+    if reply[1] != socks.SUCCEEDED:
+        make = _SOCKS5_FAILURES.get(reply[1])
+        raise make() if make else ProxyError("the SOCKS5 proxy failed (reply 0x%02x)" % reply[1])
     try:
-        ip = ipaddress.ip_address(host)
-        dst = (b"\x01" if ip.version == 4 else b"\x04") + ip.packed
+        more = socks.socks5_reply_length(reply)
+        while more:
+            reply += _recv_exact(sock, more, deadline)
+            more = socks.socks5_reply_length(reply)
     except ValueError:
-        dst = b"\x03" + bytes([len(host.encode())]) + host.encode()
-    send_all(sock, b"\x05\x01\x00" + dst + struct.pack("!H", port), deadline)
-    # Reply: VER REP RSV ATYP BND.ADDR BND.PORT; read exactly it, so no relayed byte is lost.
-    version, reply, _, atyp = _recv_exact(sock, 4, deadline)
-    if reply != 0:
-        make = _SOCKS5_FAILURES.get(reply)
-        raise make() if make else ProxyError("the SOCKS5 proxy failed (reply 0x%02x)" % reply)
-    if atyp == 3:
-        length = _recv_exact(sock, 1, deadline)[0]
-    elif atyp in (1, 4):
-        length = 4 if atyp == 1 else 16
-    else:
-        raise ProxyError("the SOCKS5 proxy sent address type %d" % atyp)
-    _recv_exact(sock, length + 2, deadline)
+        raise ProxyError("the SOCKS5 proxy sent address type %d" % reply[3])
 
 
-def _socks4a(sock, proxy, address, deadline):
-    host, port = address
-    # VN=04 CD=01 DSTPORT DSTIP USERID 00, and for SOCKS4a DSTIP=0.0.0.1 and HOST 00 after.
-    userid = (proxy.username or "").encode()
-    try:
-        request = struct.pack("!BBH", 4, 1, port) + ipaddress.IPv4Address(host).packed + userid + b"\0"
-    except ValueError:
-        request = struct.pack("!BBH", 4, 1, port) + b"\0\0\0\1" + userid + b"\0" + host.encode() + b"\0"
+# --- SOCKS4a ------------------------------------------------------------------------------
+
+def _socks4a_request(proxy, address):
+    """VN=04 CD=01 DSTPORT DSTIP USERID 00, for a name DSTIP=0.0.0.1 and HOST 00 after."""
+    check_target(address[0], ipv6=False)
+    return socks.socks4a_connect(address[0], address[1], (proxy.username or "").encode())
+
+
+def _socks4a(sock, proxy, request, deadline):
     send_all(sock, request, deadline)
     # Reply: VN=00 CD DSTPORT(2) DSTIP(4); CD=5A granted, anything else refused.
     reply = _recv_exact(sock, 8, deadline)
-    if reply[1] != 0x5A:
+    if reply[1] != socks.SOCKS4_GRANTED:
         raise ProxyError("the SOCKS4a proxy rejected the request (0x%02x)" % reply[1])
 
 
-def _http_connect(sock, proxy, address, deadline):
+# --- HTTP CONNECT --------------------------------------------------------------------------
+
+def _http_request(proxy, address):
+    """CONNECT HOST:PORT HTTP/1.1, Host, and Proxy-Authorization: Basic when the URI has a user."""
+    check_target(address[0])
     authority = format_address(address)
     request = "CONNECT %s HTTP/1.1\r\nHost: %s\r\n" % (authority, authority)
     if proxy.username is not None:
         credentials = "%s:%s" % (proxy.username, proxy.password or "")
         request += "Proxy-Authorization: Basic %s\r\n" % base64.b64encode(
             credentials.encode()).decode("ascii")
-    send_all(sock, (request + "\r\n").encode(), deadline)
+    return (request + "\r\n").encode()
+
+
+def _http_connect(sock, proxy, request, deadline):
+    send_all(sock, request, deadline)
     # Read the response head one byte at a time: the server's first bytes may
     # follow the blank line at once, and they belong to the tunnel.
     head = b""
@@ -355,7 +399,10 @@ def _http_connect(sock, proxy, address, deadline):
         raise ProxyError("the HTTP proxy answered %r" % status[:80])
 
 
-_HANDSHAKES = {"socks5": _socks5, "socks4a": _socks4a, "http": _http_connect}
+# scheme -> (build the request, exchange it on the connected socket)
+_PROTOCOLS = {"socks5": (_socks5_request, _socks5),
+              "socks4a": (_socks4a_request, _socks4a),
+              "http": (_http_request, _http_connect)}
 
 
 # --- Extended ORPort (server side) ------------------------------------------------------

@@ -10,6 +10,11 @@
   OutboundBindAddress). Only loopback exists here, so the binding itself is
   shown by calling outbound.connect with the loopback exemption switched off.
 * One deadline covers every address of a name.
+* Parser edges a fuzzer found: targets a request cannot carry (CR/LF, over 255
+  bytes, IPv6 for SOCKS4a) never reach the proxy; proxy URIs that are not
+  UTF-8; HTTP status "digits" that int() refuses. Each is a ProxyError or a
+  ProxyURIError (a SOCKS failure for the application, PROXY-ERROR for Tor),
+  never an "internal error".
 """
 
 
@@ -43,12 +48,14 @@ class FakeProxy(EchoServer):
     ``auth``: (user, password) the proxy demands (socks5, http). ``refuse``:
     answer every request with a failure instead of connecting. ``glue``:
     bytes sent in the same segment as the success reply, as if the
-    destination had spoken at once. ``requests`` records one dict per
-    request (target, credentials, ...), before the reply is sent.
+    destination had spoken at once. ``status``: the HTTP status line to
+    answer instead of 200 (the proxy then closes). ``requests`` records one
+    dict per request (target, credentials, ...), before the reply is sent.
     """
 
-    def __init__(self, kind, auth=None, refuse=False, glue=b"", silent=False):
+    def __init__(self, kind, auth=None, refuse=False, glue=b"", silent=False, status=None):
         self.kind, self.auth, self.refuse, self.glue, self.silent = kind, auth, refuse, glue, silent
+        self.status = status
         self.requests = []
         super().__init__(backlog=16)
 
@@ -97,8 +104,10 @@ class FakeProxy(EchoServer):
             # VER=01 ULEN UNAME PLEN PASSWD
             _, ulen = recv_exact(conn, 2)
             user = recv_exact(conn, ulen)
-            password = recv_exact(conn, recv_exact(conn, 1)[0])
+            plen = recv_exact(conn, 1)[0]
+            password = recv_exact(conn, plen)
             record["auth"] = (user.decode(), password.decode())
+            record["plen"] = plen
             if record["auth"] != self.auth:
                 conn.sendall(b"\x01\x01")
                 self.requests.append(record)
@@ -146,6 +155,11 @@ class FakeProxy(EchoServer):
                 conn.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
                 return None
         host, _, port = authority.rpartition(":")
+        if self.status is not None:
+            record["target"] = (host.strip("[]"), int(port))
+            self.requests.append(record)
+            conn.sendall(self.status + b"\r\nContent-Length: 0\r\n\r\n")
+            return None
         upstream = self._connect(record, host.strip("[]"), int(port))
         if upstream is None:
             conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
@@ -215,6 +229,32 @@ def test_proxy_uri_unusable(uri):
         outbound.parse_proxy_uri(uri)
 
 
+# Values as an environment variable or argv gives them: undecodable bytes become
+# surrogates (os.fsdecode), which cannot be encoded back to UTF-8 for a request.
+NOT_UTF8_URIS = [
+    os.fsdecode(b"socks5://z\xd5@\x08:4\xc7\x00]"),      # what the fuzzer sent
+    os.fsdecode(b"z\xd5@\x08:4\xc7\x00]"),
+    os.fsdecode(b"socks5://u\xd5:p@127.0.0.1:1080"),     # a user that is not UTF-8
+    os.fsdecode(b"socks4a://\xff@127.0.0.1:1080"),
+    os.fsdecode(b"http://u:\xff@127.0.0.1:1080"),        # a password that is not UTF-8
+    "socks4a://%ff@127.0.0.1:1080",                      # percent-decodes to no UTF-8
+    "http://%ff:x@127.0.0.1:1080",
+    "http://u:%c3@127.0.0.1:1080",                       # a cut-off sequence
+]
+
+
+@pytest.mark.parametrize("uri", NOT_UTF8_URIS)
+def test_proxy_uri_that_is_not_utf8_is_unusable(uri):
+    with pytest.raises(outbound.ProxyURIError, match="UTF-8"):
+        outbound.parse_proxy_uri(uri)
+
+
+def test_socks4a_user_id_with_nul_is_unusable():
+    """A NUL would end the USERID field early: the proxy would read the rest as the host."""
+    with pytest.raises(outbound.ProxyURIError, match="NUL"):
+        outbound.parse_proxy_uri("socks4a://a%00b@127.0.0.1:1080")
+
+
 # --- connect_via_proxy, in process ------------------------------------------------------------
 
 KINDS = [("socks5", None), ("socks5", ("tor", "p@ss:word")), ("socks4a", None),
@@ -248,12 +288,71 @@ def test_connect_via_proxy_relays_and_records(kind, auth):
 
 @pytest.mark.parametrize("kind", ["socks5", "socks4a", "http"])
 def test_connect_via_proxy_sends_host_names_and_ipv6(kind):
-    """Host names go to the proxy unresolved (SOCKS4a's reason to exist)."""
+    """Host names go to the proxy unresolved (SOCKS4a's reason to exist);
+    IPv6 addresses too, where the request can carry them (not SOCKS4a)."""
+    targets = [("bridge.example", 1051), ("xn--bcher-kva.example", 443)]
+    if kind != "socks4a":
+        targets.append(("2001:db8::7", 443))
     with FakeProxy(kind, refuse=True) as proxy:
-        for target in [("bridge.example", 1051), ("2001:db8::7", 443)]:
+        for target in targets:
             with pytest.raises(OSError):
                 outbound.connect_via_proxy(proxy.uri(), target, deadline())
-        assert [r["target"] for r in proxy.requests] == [("bridge.example", 1051), ("2001:db8::7", 443)]
+        assert [r["target"] for r in proxy.requests] == targets
+
+
+def test_socks5_user_without_password_sends_an_empty_password():
+    """RFC 1929 wants PLEN >= 1 and socks.socks5_userpass refuses less; a URI
+    with a user and no password still authenticates, with PLEN=0."""
+    with EchoServer() as echo, FakeProxy("socks5", auth=("tor", "")) as proxy:
+        for uri in (proxy.uri("tor"), proxy.uri("tor", "")):     # socks5://tor@ and socks5://tor:@
+            with outbound.connect_via_proxy(uri, echo.address, deadline()) as sock:
+                sock.sendall(b"no password")
+                assert recv_exact(sock, 11) == b"no password"
+        assert [(r["auth"], r["plen"]) for r in proxy.requests] == [(("tor", ""), 0)] * 2
+
+
+# --- Targets a request cannot carry never reach the proxy ------------------------------------
+
+UNCARRIABLE = [
+    ("socks5", ("evil.example\r\nX-Injected: yes", 443)),
+    ("socks4a", ("evil.example\r\nX-Injected: yes", 443)),
+    ("http", ("evil.example\r\nX-Injected: yes", 443)),      # would add a header line
+    ("http", ("evil.example\n\nGET / HTTP/1.1", 80)),
+    ("http", ("a b", 80)),
+    ("socks5", ("a" * 300, 443)),                            # LEN is one byte
+    ("socks4a", ("a" * 300, 443)),
+    ("http", ("a." * 150, 443)),
+    ("socks4a", ("2001:db8::7", 443)),                        # SOCKS4a has no IPv6
+    ("socks5", ("fe80::1%eth0", 443)),                        # a scope cannot travel
+]
+
+
+@pytest.mark.parametrize("kind, target", UNCARRIABLE,
+                         ids=["%s-%d" % (kind, i) for i, (kind, _) in enumerate(UNCARRIABLE)])
+def test_target_a_request_cannot_carry_never_reaches_the_proxy(kind, target):
+    with FakeProxy(kind) as proxy:
+        with pytest.raises(outbound.ProxyError) as failure:
+            outbound.connect_via_proxy(proxy.uri(), target, deadline())
+        assert proxy.accepted == 0 and proxy.requests == [], "the proxy was asked"
+    # The message names neither the target nor a part of it: the log scrubs addresses.
+    assert "evil" not in str(failure.value) and "2001" not in str(failure.value)
+
+
+# --- HTTP status lines that are not HTTP -------------------------------------------------------
+
+@pytest.mark.parametrize("status", [
+    b"HTTP/1.1 \xb200 OK",                 # latin-1 SUPERSCRIPT TWO: str.isdigit() says yes
+    "HTTP/1.1 \u00b200 OK".encode(),        # the same in UTF-8
+    "HTTP/1.1 \u0662\u0660\u0660 OK".encode(),   # Arabic-Indic 200
+    b"HTTP/1.1 2OO OK", b"HTTP/1.1 20 OK", b"HTTP/1.1 2000 OK", b"HTTP/1.1", b"SSH-2.0-x",
+], ids=["latin1-superscript", "utf8-superscript", "arabic-indic", "letters", "short", "long",
+        "no-code", "not-http"])
+def test_http_status_that_is_not_three_ascii_digits_is_a_proxy_error(status):
+    with counting_listener() as destination, FakeProxy("http", status=status) as proxy:
+        with pytest.raises(outbound.ProxyError, match="does not speak HTTP"):
+            outbound.connect_via_proxy(proxy.uri(), destination.address, deadline())
+        assert [r["target"] for r in proxy.requests] == [destination.address]
+        assert destination.accepted == 0
 
 
 @pytest.mark.parametrize("kind", ["socks5", "socks4a", "http"])
@@ -364,12 +463,54 @@ def test_managed_client_proxy_failure_is_a_socks_error(tmp_path, kind, code):
 
 
 @pytest.mark.parametrize("uri", ["ftp://127.0.0.1:21", "socks5://127.0.0.1", "socks4a://u:p@127.0.0.1:1080",
-                                 "http://127.0.0.1:1080/path"])
+                                 "http://127.0.0.1:1080/path",
+                                 # bytes that are not UTF-8, as Tor's environment may hold them
+                                 os.fsdecode(b"socks5://z\xd5@\x08:4\xc7]"),
+                                 os.fsdecode(b"socks5://u\xd5:p@127.0.0.1:1080"),
+                                 os.fsdecode(b"socks4a://\xff@127.0.0.1:1080"),
+                                 os.fsdecode(b"http://u:\xff@127.0.0.1:1080")],
+                         ids=["ftp", "no-port", "socks4a-password", "path", "fuzzed", "socks5-user",
+                              "socks4a-user", "http-password"])
 def test_unusable_tor_pt_proxy_is_a_proxy_error(tmp_path, uri):
     env = tor_env(tmp_path / "state", CLIENT_TRANSPORTS="obfs2", EXIT_ON_STDIN_CLOSE="1", PROXY=uri)
     with ManagedPT(env) as pt:
         assert pt.wait(10) == 1
     assert pt.keywords() == ["VERSION", "PROXY-ERROR"]
+
+
+def test_http_proxy_status_that_is_not_http_is_a_socks_failure():
+    """The proxy answers "HTTP/1.1 \u00b200" (a digit to str.isdigit(), not to int()):
+    the application gets a SOCKS failure and the log says why, at the default
+    level, with no internal error."""
+    with counting_listener() as destination, FakeProxy("http", status=b"HTTP/1.1 \xb200 OK") as upstream:
+        with Proxy("client", "--proxy=" + upstream.uri(), "127.0.0.1:0") as client:
+            with pytest.raises(SocksReplyError) as failure:
+                socks5_connect(client.address, destination.address)
+            assert failure.value.code == 0x01
+            client.log.wait_for(r"\[NOTICE\] conn 1 .*cannot reach the obfs2 server \[scrubbed\] via the "
+                                r"proxy: the proxy does not speak HTTP")
+            client.stop()
+        assert not [line for line in client.log.lines if "internal error" in line or "Traceback" in line]
+        assert destination.accepted == 0
+
+
+def socks4a_request(host, port):
+    """VN=04 CD=01 DSTPORT DSTIP=0.0.0.1 USERID="" 00 HOST 00 (test_cli has its own copy)."""
+    return struct.pack("!BBH4s", 4, 1, port, b"\0\0\0\1") + b"\0" + host + b"\0"
+
+
+def test_socks4a_target_too_long_for_a_socks5_proxy_is_a_socks_failure():
+    """SOCKS4a carries a 300-byte name; the SOCKS5 proxy's LEN byte could not:
+    refused (5B) before anything reaches the proxy, with no internal error."""
+    with FakeProxy("socks5") as upstream:
+        with Proxy("client", "--proxy=" + upstream.uri(), "127.0.0.1:0") as client:
+            with socket.create_connection(client.address, timeout=10) as sock:
+                sock.sendall(socks4a_request(b"a" * 300, 443))
+                assert recv_exact(sock, 8)[:2] == b"\x00\x5b"    # VN=00 CD=5B rejected
+            client.log.wait_for(r"\[NOTICE\] conn 1 .*SOCKS4a host name is longer than 255 bytes")
+            client.stop()
+        assert not [line for line in client.log.lines if "internal error" in line or "Traceback" in line]
+        assert upstream.accepted == 0
 
 
 # === Outbound bind addresses ===============================================================
@@ -453,15 +594,26 @@ def test_one_deadline_covers_every_address_of_a_name(monkeypatch):
             return real("127.0.0.1", *args, **kwargs) + real("::1", *args, **kwargs)
         return real(host, *args, **kwargs)
 
+    calls = []   # (timeout given, when the attempt ended) for each connect attempt
+    real_create_connection = socket.create_connection
+
+    def create_connection(address, timeout=None, **kwargs):
+        try:
+            return real_create_connection(address, timeout=timeout, **kwargs)
+        finally:
+            calls.append((timeout, time.monotonic()))
+
     monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
-    began = time.monotonic()
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    deadline = outbound.Deadline(1.0)
     try:
         with pytest.raises(OSError):
-            outbound.open_connection(("bridge.test", port), outbound.Deadline(1.0))
-        assert time.monotonic() - began < 1.6   # not 1 s per address
+            outbound.open_connection(("bridge.test", port), deadline)
+        # Each attempt gets only what the attempts before it left (not 1 s per
+        # address): no attempt can end after the one deadline.
+        assert calls and calls[0][0] <= 1.0, calls
+        for (_, ended), (timeout, _) in zip(calls, calls[1:]):
+            assert timeout <= deadline.end - ended, calls
     finally:
         for sock in [a, b] + fill_a + fill_b:
             sock.close()
-
-
-# --- A transient ICMP error on a half-closed tunnel ------------------------------------
