@@ -6,12 +6,18 @@ Every test uses ephemeral ports on loopback and waits on real events (a log
 line, a byte, an EOF), never on sleeps. Data is checked by SHA-256 in both
 directions: what came back to the application, and what the destination
 reported it received.
+
+The command line (issue 14): a bad argument is one line on stderr naming the
+option (and the path), exit status 2, before anything listens; --help is for
+users; printing commands end quietly, like any Unix tool, when the reader of
+their pipe goes away (``| head``).
 """
 
 import functools
 import hashlib
 import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -38,12 +44,17 @@ from support import (
     has_ipv6_loopback,
     recv_all,
     recv_exact,
+    reserved_port,
     socks5_connect,
     socks5_request,
     tunnel,
 )
 
+import obfs2
+import transports
+
 KiB, MiB = 1024, 1024 * 1024
+needs_sigpipe = pytest.mark.skipif(not hasattr(signal, "SIGPIPE"), reason="POSIX SIGPIPE")
 IO_TIMEOUT = 20  # per socket operation: a hang fails the test instead of the run
 SECRET = "correct horse battery staple"
 FAST_SS = "--ss-hash-iterations=10"
@@ -71,14 +82,6 @@ def start_tunnel(procs, transport, dest, *extra, family="127.0.0.1"):
     server, client = tunnel(transport, *extra, dest=dest, family=family)
     procs += [server, client]
     return server, client
-
-
-def reserved_port(host="127.0.0.1"):
-    """A socket bound but not listening: connections to its port are refused,
-    and no other process can take the port while we hold it."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.bind((host, 0))
-    return sock
 
 
 # --- Round trips: transports x payload sizes -----------------------------------
@@ -309,7 +312,9 @@ def test_silent_server_gives_ttl_expired_after_the_handshake_timeout(procs):
         procs.append(client)
         code, seconds = socks_failure(client, silent.getsockname())
     assert code == 0x06
-    assert 0.9 <= seconds <= 3.5, "the handshake timeout fired after %.2f s" % seconds
+    # Not before the deadline; and this deadline, not the 30 s default nor
+    # IO_TIMEOUT (the upper bound is loose: a busy machine may be late).
+    assert 0.9 <= seconds < 10, "the handshake timeout fired after %.2f s" % seconds
 
 
 HTTP_RESPONSE = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n"
@@ -323,13 +328,13 @@ def speak_http(conn, report):
 
 def test_server_that_is_not_obfs2_gives_general_failure(procs):
     """A web server answers instead of obfs2: the magic check fails at once,
-    long before the (10 s) handshake timeout."""
+    not at the (60 s) handshake timeout, which would answer TTL expired (06)."""
     with Destination(speak_http) as web:
-        client = Proxy("client", "127.0.0.1:0", "--handshake-timeout=10")
+        client = Proxy("client", "127.0.0.1:0", "--handshake-timeout=60")
         procs.append(client)
         code, seconds = socks_failure(client, web.address)
     assert code == 0x01
-    assert seconds < 5
+    assert seconds < 30
 
 
 @pytest.mark.parametrize("client_secret", ["--shared-secret=not the same", None],
@@ -361,32 +366,73 @@ def test_destination_refused_resets_the_tunnel(procs):
 
 # --- Command line -----------------------------------------------------------------
 
-def run_cli(*args):
+def run_cli(*args, timeout=30):
+    """Run the program to its end; a serving mode that should have refused to
+    start fails the test by timing out instead."""
     return subprocess.run([sys.executable, PROGRAM, *args], cwd=str(ROOT),
                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=30)
+                          timeout=timeout)
 
 
-@pytest.mark.parametrize("args, mentions", [
-    (["client", "--transport=rot13", "127.0.0.1:0"], "rot13"),
-    (["client", "127.0.0.1"], "127.0.0.1"),
-    (["client", "127.0.0.1:70000"], "70000"),
-    (["server", "--dest=localhost", "127.0.0.1:0"], "localhost"),
-    (["server", "127.0.0.1:0"], "--dest"),
-    (["client", "--shared-secret=a", "--shared-secret-file={file}", "127.0.0.1:0"],
-     "--shared-secret"),
-], ids=["unknown-transport", "address-without-port", "port-out-of-range", "bad-dest",
-        "server-without-dest", "both-secrets"])
-def test_bad_arguments_exit_2_with_a_one_line_error(args, mentions, secret_file):
+# (arguments, words the one error line must contain, words it must not contain)
+BAD_ARGUMENTS = {
+    "unknown-transport": (["client", "--transport=rot13", "127.0.0.1:0"], ["rot13"], []),
+    "address-without-port": (["client", "127.0.0.1"], ["127.0.0.1"], []),
+    "port-out-of-range": (["client", "127.0.0.1:70000"], ["70000"], []),
+    "bad-dest": (["server", "--dest=localhost", "127.0.0.1:0"], ["localhost"], []),
+    "server-without-dest": (["server", "127.0.0.1:0"], ["--dest"], []),
+    "both-secrets": (["client", "--shared-secret=a", "--shared-secret-file={file}", "127.0.0.1:0"],
+                     ["--shared-secret"], []),
+    # An outgoing proxy the client could never use is refused before it listens.
+    "proxy-ftp": (["client", "--proxy=ftp://127.0.0.1:21", "127.0.0.1:0"], ["--proxy", "ftp"], []),
+    "proxy-without-port": (["client", "--proxy=socks5://127.0.0.1", "127.0.0.1:0"],
+                           ["--proxy", "port"], []),
+    "proxy-socks4a-user-not-utf8": (["client", os.fsdecode(b"--proxy=socks4a://\xff@127.0.0.1:1080"),
+                                     "127.0.0.1:0"], ["--proxy", "UTF-8"], []),
+    "proxy-http-password-not-utf8": (["client", os.fsdecode(b"--proxy=http://u:\xd5@127.0.0.1:8080"),
+                                      "127.0.0.1:0"], ["--proxy", "UTF-8"], []),
+    "proxy-http-password-percent-not-utf8": (["client", "--proxy=http://u:%ff@127.0.0.1:8080",
+                                              "127.0.0.1:0"], ["--proxy", "UTF-8"], []),
+    # A file that cannot be used: the option and the path, and why.
+    "secret-file-missing": (["client", "--shared-secret-file=/nonexistent", "127.0.0.1:0"],
+                            ["--shared-secret-file", "/nonexistent", "No such file"], []),
+    "log-file-unwritable": (["client", "--log-file=/sys/x.log", "127.0.0.1:0"],
+                            ["--log-file", "/sys/x.log"], []),
+    "record-dir-impossible": (["client", "--record-dir=/proc/x", "127.0.0.1:0"],
+                              ["--record-dir", "/proc/x"], []),
+    # A bad number names its option, and only it.
+    "timeout-not-a-number": (["client", "--handshake-timeout=abc", "127.0.0.1:0"],
+                             ["--handshake-timeout", "abc"], ["could not convert"]),
+    "max-connections-zero": (["client", "--max-connections=0", "127.0.0.1:0"],
+                             ["--max-connections"], ["--handshake-timeout", "--ss-hash-iterations"]),
+    # An option of another mode is refused, not ignored.
+    "client-ext-cookie-file": (["client", "--ext-cookie-file=/tmp/cookie", "127.0.0.1:0"],
+                               ["--ext-cookie-file", "server"], []),
+    "server-proxy": (["server", "--proxy=socks5://127.0.0.1:1080", "--dest=127.0.0.1:1",
+                      "127.0.0.1:0"], ["--proxy", "client"], []),
+    "server-full": (["server", "--full", "--dest=127.0.0.1:1", "127.0.0.1:0"], ["--full", "unmask"], []),
+}
+# Only a command line docopt cannot parse points to --help; a bad value or file does not.
+POINTS_TO_HELP = {"server-without-dest"}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
+def test_bad_arguments_exit_2_with_a_one_line_error(case, secret_file):
+    args, mentions, absent = BAD_ARGUMENTS[case]
     result = run_cli(*[arg.format(file=secret_file) for arg in args])
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
-    assert lines, "no error message"
-    # One line says what is wrong and names it; at most one more line may
-    # point to --help. A usage dump is not an error message.
-    assert len(lines) <= 2, "expected a one-line error, got:\n" + result.stderr
-    assert lines[0].startswith("obfsproxy.py") and mentions in lines[0], lines[0]
+    assert "listening on" not in result.stderr, "it started serving"
+    # One line says what is wrong and names it. A usage dump is not an error message.
+    assert len(lines) == 1, "expected a one-line error, got:\n" + result.stderr
+    line = lines[0]
+    assert line.startswith("obfsproxy.py"), line
+    for word in mentions:
+        assert word in line, "%r not in %r" % (word, line)
+    for word in absent:
+        assert word not in line, "%r in %r" % (word, line)
+    assert ("--help" in line) == (case in POINTS_TO_HELP), line
 
 
 def test_help_and_version_exit_0():
@@ -395,6 +441,98 @@ def test_help_and_version_exit_0():
     version = run_cli("--version")
     assert version.returncode == 0
     assert re.fullmatch(r"obfsproxy\.py \d+\.\d+\.\d+", version.stdout.strip()), version.stdout
+
+
+def test_help_is_for_users():
+    """The usage line a server needs, examples a user can paste (python3, as
+    on Debian and macOS, where `python` may be missing or Python 2), and no
+    internals at the end (the module's notes for developers: ``Proxy._run``,
+    reStructuredText double backticks)."""
+    text = run_cli("--help").stdout
+    assert "obfsproxy.py server [options] --dest=HOST:PORT <listen>" in text, text
+    commands = [line.strip() for line in text.split("Examples:", 1)[1].splitlines()
+                if "obfsproxy.py " in line and not line.strip().startswith("curl")]
+    assert commands and all(line.startswith("python3 obfsproxy.py ") for line in commands), commands
+    assert "``" not in text and "_run" not in text and "relay" not in text, text[-600:]
+
+
+# --- Printing commands end quietly when their reader goes away ------------------
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    """A --record-dir recording of one obfs2 connection with 512 KiB each way,
+    made in memory: what `unmask --full` prints of it is megabytes."""
+    folder = tmp_path_factory.mktemp("recording")
+    client = transports.RecordDir(folder).wrap(obfs2.Obfs2(True))
+    server = obfs2.Obfs2(False)
+    to_server, to_client = client.start(), server.start()
+    assert server.receive(to_server) == b""
+    assert client.receive(to_client + server.data_to_send()) == b""
+    assert client.is_open and server.is_open
+    for i in range(8):
+        block = bytes([i]) * 65536
+        assert server.receive(client.send(block)) == block
+        assert client.receive(server.send(block)) == block
+    return folder
+
+
+def into_closed_pipe(*args):
+    """Run with stdout a pipe whose reader has already gone: the program's
+    first write meets EPIPE, every time."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([sys.executable, PROGRAM, *args], cwd=str(ROOT), stdin=subprocess.DEVNULL,
+                              stdout=write, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write)
+
+
+def head(lines, *args):
+    """`obfsproxy.py ARGS | head -LINES`: read that many lines, close the pipe
+    while the program may still be writing, and wait. (status, stderr)."""
+    process = subprocess.Popen([sys.executable, PROGRAM, *args], cwd=str(ROOT),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(lines):
+            assert process.stdout.readline(), "the output ended before %d lines" % lines
+        process.stdout.close()
+        stderr = process.stderr.read()
+        return process.wait(60), stderr.decode("utf-8", "replace")
+    finally:
+        process.kill()
+        process.wait()
+
+
+@needs_sigpipe
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["unmask", "--full", "{recording}"],
+                                  ["detect", "{recording}"]],
+                         ids=["help", "version", "unmask", "detect"])
+def test_printing_into_a_closed_pipe_ends_quietly(args, recording):
+    """Like any Unix tool: killed by SIGPIPE, nothing on stderr."""
+    result = into_closed_pipe(*[arg.format(recording=recording) for arg in args])
+    assert result.stderr == b"", result.stderr.decode("utf-8", "replace")
+    assert result.returncode == -signal.SIGPIPE, result.returncode
+
+
+@needs_sigpipe
+def test_help_piped_into_head_ends_quietly():
+    """`--help | head -1`, many times: the help may or may not be written
+    whole before the reader leaves; either way no BrokenPipeError traceback."""
+    for _ in range(20):
+        status, stderr = head(1, "--help")
+        assert stderr == "", stderr
+        assert status in (0, -signal.SIGPIPE), status
+
+
+@needs_sigpipe
+def test_unmask_piped_into_head_ends_quietly(recording):
+    """`unmask --full CAPTURE | head -2`: megabytes to print, so the reader
+    always leaves mid-write. Not "Broken pipe" on stderr, not status 1."""
+    for _ in range(3):
+        status, stderr = head(2, "unmask", "--full", str(recording))
+        assert stderr == "", stderr
+        assert status == -signal.SIGPIPE, status
 
 
 # --- Safe logging ------------------------------------------------------------------
