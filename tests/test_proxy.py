@@ -18,10 +18,14 @@ What each group proves (the issue's bullets):
   baseline after connections that end every way;
 * no stalls: black holes and dead destinations hold only their own tunnel, the
   other side of a failed tunnel is closed, idle tunnels cost no CPU;
-* not an open proxy, no leaks of who, clean shutdown.
+* not an open proxy, no leaks of who, clean shutdown;
+* failures that say something: at the default log level the user is told
+  which hop failed and why, once per kind and COMPLAINT_INTERVAL (issue 14).
 
-The load versions (10,000 connections, 1,000 tunnels, 1 GiB) are in test_soak.py
-and reuse the helpers here.
+Performance figures (RTT during a key-work flood, CPU of idle tunnels) and the
+load versions (10,000 connections, 1,000 tunnels, 1 GiB) are in the slow group
+at the end (``python3 -m pytest -m slow``): a busy machine must not fail the
+default run, which proves each property by an event or a CPU-time budget.
 """
 
 import hashlib
@@ -57,10 +61,12 @@ from support import (
     listening_socket,
     recv_all,
     recv_exact,
+    reserved_port,
     socks5_connect,
 )
 
 import obfs2
+import outbound
 import proxy
 
 LINUX_PROC = os.path.isdir("/proc/self/fd") and os.path.exists("/proc/self/net/tcp")
@@ -68,7 +74,7 @@ needs_proc = pytest.mark.skipif(not LINUX_PROC, reason="reads /proc (Linux)")
 needs_signals = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 HS = 1.0            # --handshake-timeout for the handshake tests, in seconds
-SLACK = 1.5         # how late after its deadline a close may be observed (busy CI)
+SLACK = 3.0         # how late after its deadline a close may be observed (busy CI)
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -362,8 +368,10 @@ def not_socks(data):
     return bytes([data[0] | 0x80]) + data[1:]
 
 
-def trickle(sock, data, interval=0.05):
-    """Send ``data`` a byte at a time on a thread, until it ends or the peer closes."""
+def trickle(sock, data, interval=0.25):
+    """Send ``data`` a byte at a time on a thread, until it ends or the peer closes.
+    The trickles here outlast HS + SLACK: a deadline that each byte renewed
+    would show as a close long after it."""
     def run():
         for i in range(len(data)):
             try:
@@ -431,11 +439,10 @@ NOT_OBFS2 = "not obfs2"
 
 def assert_on_time(took, timed_out, what="closed"):
     """A handshake that timed out ended at its deadline (HS), not before and at
-    most SLACK late; any other failure ended at once."""
+    most SLACK late. Any other failure is told from a timeout by its log line
+    (and the SOCKS code), not by a clock that a busy machine can stretch."""
     if timed_out:
         assert HS - 0.1 <= took <= HS + SLACK, "%s after %.2f s; deadline %.1f s" % (what, took, HS)
-    else:
-        assert took < 1.0, "a bad handshake should be refused at once, %s after %.2f s" % (what, took)
 
 
 SERVER_PORT_CASES = {
@@ -468,7 +475,9 @@ def test_server_port_closes_bad_handshakes_within_the_deadline(pair, dest, case)
         took = wait_closed(sock, HS + SLACK + 2)
     assert_on_time(took, timed_out=expected == TIMED_OUT)
     line = one_line_for_the_connection(server, expected, server_marker(server))
-    assert "[INFO]" in line or "[NOTICE]" in line     # never a warning for a peer's mistake
+    # Never a warning for a peer's mistake. NOTICE or INFO: the first complaint
+    # of a kind in COMPLAINT_INTERVAL is a NOTICE (test_a_flood_of_failures...).
+    assert re.search(r"\[(INFO|NOTICE)\]", line), line
     assert dest.accepted == accepted_before, "the server touched --dest for a failed handshake"
 
 
@@ -613,6 +622,49 @@ def ping(sock, rounds=1):
     return times
 
 
+def test_expensive_handshake_steps_run_one_at_a_time():
+    """KeyWork: while one expensive step (start or receive) runs, another
+    expensive one waits for the slot (here past its deadline), a cheap one
+    does not wait, and the slot is free again afterwards. The effect on a live
+    tunnel's RTT during a flood is measured in the slow group."""
+    key_work = proxy.KeyWork()
+    first, second, cheap = SlowKeys(), SlowKeys(), SlowKeys(expensive=False)
+    second.release.set()
+    cheap.release.set()
+    a, b = socket.socketpair()
+    with a, b:
+        holder = threading.Thread(target=proxy.transport_handshake,
+                                  args=(a, first, outbound.Deadline(30), key_work), daemon=True)
+        holder.start()
+        assert first.entered.wait(10)
+        with pytest.raises(socket.timeout, match="waiting to derive keys"):
+            proxy.transport_handshake(b, second, outbound.Deadline(0.2), key_work)
+        assert not second.entered.is_set(), "two expensive steps ran at once"
+        proxy.transport_handshake(b, cheap, outbound.Deadline(10), key_work)
+        assert cheap.entered.is_set()
+        first.release.set()
+        holder.join(10)
+        proxy.transport_handshake(b, second, outbound.Deadline(10), key_work)
+        assert second.entered.is_set()
+
+
+class SlowKeys:
+    """A transport whose key work (``start``) sets ``entered`` and then waits
+    for ``release``; open at once after it."""
+
+    name, is_open, ProtocolError = "slow-keys", True, Exception
+
+    def __init__(self, expensive=True):
+        self.expensive = expensive
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def start(self):
+        self.entered.set()
+        assert self.release.wait(30)
+        return b""
+
+
+@pytest.mark.slow
 def test_shared_secret_flood_does_not_stall_live_tunnels(dest):
     """Every connection to a shared-secret server costs 100000 SHA-256 per MAC
     before the peer is checked. 50 connections at once must not stall a live
@@ -669,6 +721,7 @@ def test_max_connections_refuses_cleanly_and_recovers(dest):
     server = start("server", "--dest=" + fmt(dest.address), "--max-connections=3",
                    "--handshake-timeout=60", severity="debug")
     client = start("client")
+    began = time.monotonic()
     with server, client:
         held = [socket.create_connection(server.address, timeout=5) for _ in range(3)]
         for _ in range(3):
@@ -691,7 +744,8 @@ def test_max_connections_refuses_cleanly_and_recovers(dest):
         server.log.wait_for(r"closed after \d+ bytes up")
         refusals = [line for line in server.log.rest(0.5) if "refusing a connection" in line]
         # Logged, but not once per refused connection: a flood must not flood the log.
-        assert 1 <= len(refusals) <= 2, refusals
+        took = time.monotonic() - began
+        assert 1 <= len(refusals) <= 1 + took // proxy.Proxy.COMPLAINT_INTERVAL, (took, refusals)
     assert_no_traceback(server, client)
 
 
@@ -724,7 +778,7 @@ def test_thread_start_failure_closes_that_connection_only(monkeypatch, caplog):
                 assert recv_exact(first, 3) == b"one"
                 for _ in range(2):
                     with socket.create_connection(address, timeout=5) as doomed:
-                        assert wait_closed(doomed, 5) < 2
+                        wait_closed(doomed, 10)   # closed by us: no thread, no handshake deadline
                 with socket.create_connection(address, timeout=5) as fourth:
                     fourth.sendall(mode("echo") + b"four")
                     fourth.shutdown(socket.SHUT_WR)
@@ -917,10 +971,11 @@ def test_application_reset_while_backpressured_closes_the_tunnel(dest):
         reset(hole)
         try:
             # relay.IDLE_CHECK (1 s) on each proxy, then Proxy.SPARE_SECONDS (2 s)
-            # before the finished connection threads leave.
-            client.log.wait_for(r"conn \d+ \(.*: (Connection reset|closed after)", timeout=3)
+            # before the finished connection threads leave. The black hole holds
+            # until ``finally``: any bound proves the tunnel did not wait for it.
+            client.log.wait_for(r"conn \d+ \(.*: (Connection reset|closed after)", timeout=20)
             for u in usage:
-                u.back_to_baseline(timeout=6)
+                u.back_to_baseline(timeout=20)
         finally:
             dest.release.set()
     dest.release.clear()
@@ -1087,6 +1142,7 @@ def test_nothing_leaks_after_connections_end_every_way(dest, refusing_server):
 
 # === Idle tunnels cost nothing; vanished peers are noticed ===========================================
 
+@pytest.mark.slow
 @needs_proc
 def test_idle_tunnels_cost_no_cpu(dest):
     server = start("server", "--dest=" + fmt(dest.address))
@@ -1152,9 +1208,22 @@ def read_startup(args, patterns=("listening on", "cannot listen"), prefix=()):
 
 
 def test_socks_listener_defaults_to_loopback():
-    text = read_startup(["client"])
-    # Either it listens on 127.0.0.1:1050, or that port was taken and it says so.
-    assert re.search(r"(listening on|cannot listen on) 127\.0\.0\.1:1050", text), text
+    """With no <listen>, the client takes 127.0.0.1:1050. We hold that port
+    (or someone else does: then the program cannot have it either), so the
+    program says which address it tried, every time, and the tests never open
+    a fixed port that another run could be using."""
+    holder = socket.socket()
+    try:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # past a TIME_WAIT
+        holder.bind(("127.0.0.1", 1050))
+        holder.listen(1)
+    except OSError:
+        pass   # taken, by a listener: the program's bind fails the same way
+    try:
+        text = read_startup(["client"])
+    finally:
+        holder.close()
+    assert "cannot listen on 127.0.0.1:1050" in text, text
 
 
 def only_loopback_up():
@@ -1291,10 +1360,9 @@ def test_sigterm_exits_promptly_and_the_port_is_free_at_once(dest):
         live = open_tunnel(client, server, "echo")
         live.sendall(b"x")
         recv_exact(live, 1)
-        began = time.monotonic()
+        # With the tunnel still open: a graceful stop would wait GRACE_SECONDS (30).
         server.process.send_signal(signal.SIGTERM)
-        server.process.wait(5)
-        assert time.monotonic() - began < 2
+        server.process.wait(10)
         assert server.process.returncode == 0
         server.stop()
         wait_closed(live, 5)
@@ -1318,7 +1386,8 @@ def test_first_sigint_drains_live_tunnels_second_exits(dest):
             sock.sendall(b"1")
             recv_exact(sock, 1)
         server.process.send_signal(signal.SIGINT)
-        server.log.wait_for(r"stopped accepting; waiting for 2 live")
+        server.log.wait_for(r"\[NOTICE\] stopped accepting; waiting for 2 live connection\(s\), at most "
+                            r"30 s \(interrupt again to stop now\)")
         assert_refused(server.address, timeout=0)    # no longer accepting after SIGINT
         # The live tunnels go on; the first one finishes...
         first.sendall(b"first goes on")
@@ -1345,13 +1414,52 @@ def test_first_sigint_drains_live_tunnels_second_exits(dest):
             recv_exact(live, 1)
             other.process.send_signal(signal.SIGINT)
             other.log.wait_for(r"stopped accepting; waiting for 1 live")
-            began = time.monotonic()
             other.process.send_signal(signal.SIGINT)
-            other.process.wait(5)
-            assert time.monotonic() - began < 2
+            other.process.wait(10)      # with the tunnel still live: well before GRACE_SECONDS
             wait_closed(live, 5)
             live.close()
     assert_no_traceback(server, client, other)
+
+
+def serving(settings, grace=None):
+    """A proxy.Proxy in this process, serving ``settings`` with handle_server
+    on a thread: (the Proxy, its address, the thread)."""
+    node = proxy.Proxy(max_connections=10)
+    if grace is not None:
+        node.GRACE_SECONDS = grace
+    address = node.listen(("127.0.0.1", 0), proxy.handle_server, settings)
+    thread = threading.Thread(target=node.serve, daemon=True)
+    thread.start()
+    assert node.ready.wait(10)
+    return node, address, thread
+
+
+def test_graceful_stop_waits_for_live_tunnels_at_most_grace_seconds(caplog):
+    """The first Ctrl-C: a tunnel that never ends holds the stop only
+    GRACE_SECONDS (here 1 s), and the user is told how to stop at once."""
+    with Dest() as d, caplog.at_level(logging.INFO, logger="obfsproxy"):
+        settings = proxy.Settings(transport="dummy", dest=d.address, handshake_timeout=5)
+        node, address, thread = serving(settings, grace=1.0)
+        with socket.create_connection(address, timeout=10) as live:
+            live.sendall(mode("echo") + b"x")
+            assert recv_exact(live, 1) == b"x"
+            node.stop(graceful=True)
+            thread.join(20)
+            assert not thread.is_alive(), "still waiting for the live tunnel"
+            assert node.live == 1, "the tunnel ended: this proves nothing"
+    assert ("stopped accepting; waiting for 1 live connection(s), at most 1 s "
+            "(interrupt again to stop now)") in [r.getMessage() for r in caplog.records]
+
+
+def test_graceful_stop_when_idle_stops_at_once(caplog):
+    """No live tunnel: nothing to wait for, and nothing said about waiting."""
+    with Dest() as d, caplog.at_level(logging.DEBUG, logger="obfsproxy"):
+        settings = proxy.Settings(transport="dummy", dest=d.address, handshake_timeout=5)
+        node, address, thread = serving(settings)
+        node.stop(graceful=True)
+        thread.join(10)     # GRACE_SECONDS is 30: returning at all within 10 s is "at once"
+        assert not thread.is_alive()
+    assert not [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
 
 
 # === The answer-later rule (a shared-secret server does no key work for a bare connect) ===
@@ -1365,12 +1473,6 @@ def secret_server(dest, *extra):
     return Proxy("server", "--dest=" + fmt(dest), "127.0.0.1:0", *extra)
 
 
-def quiet_for(sock, seconds):
-    """True when nothing arrives on ``sock`` for ``seconds``."""
-    readable, _, _ = select.select([sock], [], [], seconds)
-    return not readable
-
-
 def test_plain_server_speaks_first():
     """Without a secret the server sends its handshake at once, as obfs4proxy
     does and as clients may expect."""
@@ -1381,9 +1483,13 @@ def test_plain_server_speaks_first():
 
 def test_secret_server_answers_only_after_the_client_proved_the_secret():
     with EchoServer() as echo, secret_server(echo.address, "--shared-secret=" + SECRET,
-                                      "--ss-hash-iterations=%d" % ROUNDS) as node:
-        with socket.create_connection(node.address, timeout=5) as sock:
-            assert quiet_for(sock, 0.5)            # a bare connect: no key work, no answer
+                                             "--ss-hash-iterations=%d" % ROUNDS,
+                                             "--handshake-timeout=1.5") as node:
+        # A bare connect: all the server ever sends on it, until its handshake
+        # deadline closes it, is nothing.
+        with socket.create_connection(node.address, timeout=20) as sock:
+            assert recv_all(sock) == b"", "the server answered a bare connect"
+        with socket.create_connection(node.address, timeout=20) as sock:
             client = obfs2.Obfs2(True, shared_secret=SECRET, hash_iterations=ROUNDS)
             sock.sendall(client.start())
             while not client.is_open:               # the server's answer now arrives...
@@ -1394,25 +1500,153 @@ def test_secret_server_answers_only_after_the_client_proved_the_secret():
             assert client.receive(recv_exact(sock, 4)) == b"ping"
 
 
-def test_many_bare_connects_do_not_delay_a_secret_handshake():
-    """Each bare connect used to cost the server a key derivation (one at a
-    time), so a trickle of them starved real clients past their deadline."""
+def derivation_cpu_seconds(iterations=obfs2.HASH_ITERATIONS):
+    """CPU seconds of one shared-secret key derivation here (the best of 3)."""
+    secret_hash = hashlib.sha256(SECRET.encode()).digest()
+    best = None
+    for _ in range(3):
+        began = time.process_time()
+        obfs2.pad_key(os.urandom(obfs2.SEED_LENGTH), False, secret_hash, iterations)
+        took = time.process_time() - began
+        best = took if best is None else min(best, took)
+    return best
+
+
+@needs_proc
+def test_bare_connects_cost_a_secret_server_no_key_work():
+    """Each bare connect used to cost the server a key derivation (100,000
+    SHA-256, one at a time), so a trickle of them starved real clients past
+    their deadline. Now 40 bare connects cost less CPU time than 5 derivations,
+    counted from one moment of rest to the next (only the main thread left:
+    connection threads and any background key work have ended), so work moved
+    off the connection's thread counts too. CPU time, not wall time: a busy
+    machine does not change it. Then a real client gets through."""
+    one = derivation_cpu_seconds()
     with EchoServer() as echo, secret_server(echo.address, "--shared-secret=" + SECRET,
-                                      "--ss-hash-iterations=100000") as node:
-        idle = [socket.create_connection(node.address, timeout=5) for _ in range(40)]
-        try:
-            began = time.monotonic()
-            with socket.create_connection(node.address, timeout=10) as sock:
-                client = obfs2.Obfs2(True, shared_secret=SECRET)
-                sock.sendall(client.start())
-                while not client.is_open:
-                    client.receive(sock.recv(65536))
-            # 4 derivations of 100,000 SHA-256 on each side: well under a second
-            # here; with the old behaviour, 40 queued derivations came first (> 3 s).
-            assert time.monotonic() - began < 3
-        finally:
-            for sock in idle:
-                sock.close()
+                                             "--log-min-severity=info") as node:
+        pid = node.process.pid
+
+        def at_rest():
+            return thread_count(pid) == 1
+
+        wait_until(at_rest, 30, "the server at rest before")
+        before = cpu_seconds(pid)
+        for _ in range(40):
+            socket.create_connection(node.address, timeout=10).close()
+        for _ in range(40):
+            node.log.wait_for(r"conn \d+ \(")      # each bare connect's one line: it is over
+        wait_until(at_rest, 30, "the server at rest after")
+        used = cpu_seconds(pid) - before
+        print("\n40 bare connects: %.3f CPU-s on the server; one derivation here: %.3f CPU-s"
+              % (used, one))
+        assert used < 5 * one, "40 bare connects cost %.2f CPU-s (%.1f derivations)" % (used, used / one)
+        with socket.create_connection(node.address, timeout=30) as sock:
+            client = obfs2.Obfs2(True, shared_secret=SECRET)
+            sock.sendall(client.start())
+            while not client.is_open:
+                data = sock.recv(65536)
+                assert data, "the server closed instead of answering"
+                client.receive(data)
+
+
+# === Failures that say something (issue 14) ====================================================
+#
+# At the default log level (no --log-min-severity) a user must be told which hop
+# failed and why, but a flood of failures must not flood the log: one NOTICE per
+# kind and Proxy.COMPLAINT_INTERVAL, the rest at INFO.
+
+def at_default_level(role, *args):
+    return Proxy(role, "127.0.0.1:0", *args)
+
+
+def test_default_level_says_the_server_cannot_reach_dest():
+    with reserved_port() as nobody:
+        port = nobody.getsockname()[1]
+        with at_default_level("server", "--dest=127.0.0.1:%d" % port) as server, \
+                at_default_level("client") as client:
+            with socks5_connect(client.address, server.address, timeout=20) as sock:
+                wait_closed(sock, 20)
+            server.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): cannot reach --dest "
+                                r"127\.0\.0\.1:%d: connection refused$" % port)
+
+
+def test_default_level_says_the_client_cannot_reach_the_server():
+    with reserved_port() as nobody, at_default_level("client") as client:
+        with pytest.raises(SocksReplyError) as failure:
+            socks5_connect(client.address, nobody.getsockname(), timeout=20)
+        assert failure.value.code == 0x05
+        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): cannot reach the obfs2 server "
+                            r"\[scrubbed\]: connection refused$")
+
+
+def test_default_level_says_the_fixed_client_cannot_reach_its_dest():
+    with reserved_port() as nobody, at_default_level("client", "--dest=" + fmt(nobody.getsockname())) \
+            as client:
+        with socket.create_connection(client.address, timeout=20) as sock:
+            wait_closed(sock, 20)
+        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): cannot reach the obfs2 server "
+                            r"--dest \[scrubbed\]: connection refused$")
+
+
+def test_default_level_says_the_server_is_not_obfs2():
+    with EchoServer(behaviour=bad_server(HTTP_RESPONSE)) as web, at_default_level("client") as client:
+        with pytest.raises(SocksReplyError) as failure:
+            socks5_connect(client.address, web.address, timeout=20)
+        assert failure.value.code == 0x01
+        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): obfs2 handshake with the server "
+                            r"\[scrubbed\] failed: invalid magic value 0x[0-9a-f]{8} \(wrong protocol, "
+                            r"or a different shared secret\)$")
+
+
+def test_default_level_says_a_different_secret_on_both_sides(dest):
+    fast = "--ss-hash-iterations=10"
+    with at_default_level("server", "--dest=" + fmt(dest.address), "--shared-secret=ours", fast) \
+            as server, at_default_level("client", "--shared-secret=theirs", fast) as client:
+        with pytest.raises(SocksReplyError) as failure:
+            socks5_connect(client.address, server.address, timeout=20)
+        assert failure.value.code == 0x01
+        server.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): not obfs2: invalid magic value "
+                            r"0x[0-9a-f]{8} \(wrong protocol, or a different shared secret\)$")
+        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): obfs2 handshake with the server "
+                            r"\[scrubbed\] failed: ")
+
+
+FLOOD = 25
+
+
+def test_a_flood_of_failures_gives_one_notice_line_per_kind_and_interval(dest):
+    """At info every failed connection has its line, but only the first of
+    its kind in COMPLAINT_INTERVAL is a NOTICE: the default level shows one."""
+    with start("server", "--dest=" + fmt(dest.address)) as server:
+        began = time.monotonic()
+        for _ in range(FLOOD):
+            with socket.create_connection(server.address, timeout=10) as sock:
+                sock.sendall(obfs2_header(True, magic=obfs2.MAGIC_VALUE ^ 1))
+                wait_closed(sock, 10)
+        lines = [server.log.wait_for(r"conn \d+ \(.*: not obfs2: invalid magic").string
+                 for _ in range(FLOOD)]
+        took = time.monotonic() - began
+    notices = [line for line in lines if "[NOTICE]" in line]
+    infos = [line for line in lines if "[INFO]" in line]
+    assert len(notices) + len(infos) == FLOOD, lines
+    assert 1 <= len(notices) <= 1 + took // proxy.Proxy.COMPLAINT_INTERVAL, (took, notices)
+
+
+def test_complaints_are_rate_limited_per_kind(caplog):
+    node = proxy.Proxy()
+    node.COMPLAINT_INTERVAL = 3600.0
+    with caplog.at_level(logging.DEBUG, logger="obfsproxy"):
+        for i in range(4):
+            node.complain("dest", "dest %d" % i)
+        node.complain("socks", "socks 0")                        # another kind: its own NOTICE
+        node.complain("full", "full 0", logging.WARNING, rest=None)
+        node.complain("full", "full 1", logging.WARNING, rest=None)  # rest=None: not at all
+        node.COMPLAINT_INTERVAL = 0.0                            # the interval has passed
+        node.complain("dest", "dest 4")
+    seen = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert seen == [("NOTICE", "dest 0"), ("INFO", "dest 1"), ("INFO", "dest 2"), ("INFO", "dest 3"),
+                    ("NOTICE", "socks 0"), ("WARNING", "full 0"),
+                    ("NOTICE", "dest 4 (and 3 more like this in the last 0 s)")], seen
 
 
 # === Load and soak: the slow group (python3 -m pytest -m slow) ===================
