@@ -11,9 +11,11 @@ Follow one byte from the SOCKS port to the destination:
 1. ``Proxy.serve`` accepts the application's connection and hands it to a
    connection thread (``Proxy._run``), which runs one handler.
 2. ``handle_socks_client`` reads the SOCKS request (socks.py), makes the
-   transport for this connection (``Settings.new_transport``, transports.py),
-   connects to the server (outbound.py) and runs ``transport_handshake``;
-   only then does it send the SOCKS success reply.
+   transport for this connection (``Settings.new_transport``, transports.py;
+   its ephemeral keys, or obfs2's first message, come ready-made from the
+   ``Proxy``'s pools when it has been idle, pool.py), connects to the server
+   (outbound.py) and runs ``transport_handshake``; only then does it send the
+   SOCKS success reply.
 3. ``relay`` pumps both sockets: each chunk read from the application goes
    through ``transport.send`` (or ``send_in_place``) to the server, and each
    chunk from the server through ``transport.receive`` to the application.
@@ -43,6 +45,7 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 import outbound
+import pool
 import socks
 import transports
 from outbound import Deadline, format_address, open_connection, send_all
@@ -78,16 +81,22 @@ class Settings:
     record: Optional[transports.RecordDir] = None  # --record-dir
     sources: Optional[dict] = None     # outgoing source address per family (Tor's bind addresses)
     tap: Optional[Callable] = None     # wraps each new transport (the demo's recorder)
+    pools: Any = None                  # the Proxy's Pools (set by Proxy.listen), or None
 
     def new_transport(self, initiator, args=None):
         """A fresh transport for one connection. ``args`` are the connection's
-        SOCKS arguments (pt-spec 3.5); they override ``options``."""
+        SOCKS arguments (pt-spec 3.5); they override ``options``. Its first key
+        work comes from a pool when one holds material for it (pool.py)."""
         cls = transports.transport_class(self.transport)
         if initiator:
             config = cls.client_config(dict(self.options, **(args or {})))
         else:
             config = self.config
-        transport = cls(initiator, config)
+        take = None if self.pools is None else self.pools.taker(self.transport, initiator, config)
+        if take is not None:
+            transport = transports.pooled_transport(self.transport, initiator, config, take)
+        else:
+            transport = cls(initiator, config)
         if self.record is not None:
             transport = self.record.wrap(transport)
         if self.tap is not None:
@@ -163,9 +172,74 @@ class KeyWork:
 
     def __init__(self):
         self._slot = threading.BoundedSemaphore(1)
+        self._quiet = threading.Condition()
+        self.handshakes = 0           # transport handshakes under way, any transport
+        self._last = 0.0              # when the last one ended (time.monotonic())
 
     def held(self, transport, deadline):
         return _Held(self._slot if transport.expensive else None, deadline)
+
+    def begin(self):
+        with self._quiet:
+            self.handshakes += 1
+
+    def end(self):
+        with self._quiet:
+            self.handshakes -= 1
+            self._last = time.monotonic()
+
+    def wait_idle(self, timeout):
+        """Wait up to ``timeout`` s for QUIET_SECONDS without any handshake; True if
+        they came. The pools refill only then, so that their key work never takes
+        a core from a connection being set up (a 2-core machine running client,
+        server and application has none to spare). Polls: nobody is woken per
+        handshake for this."""
+        end = time.monotonic() + timeout
+        with self._quiet:
+            while True:
+                now = time.monotonic()
+                quiet = now - self._last
+                if not self.handshakes and quiet >= QUIET_SECONDS:
+                    return True
+                if now >= end:
+                    return False
+                self._quiet.wait(min(end - now, max(QUIET_SECONDS - quiet, QUIET_SECONDS / 2)))
+
+
+QUIET_SECONDS = 0.005   # no handshake for this long: the pools may refill
+
+
+class Pools:
+    """The Proxy's pools of handshake material (pool.py), one per kind of item
+    (``transports.pool_recipe``): made when a listener opens, for the config it
+    knows then; refilled only after a quiet spell without handshakes
+    (``KeyWork.wait_idle``). A connection whose
+    config matches no pool (e.g. a SOCKS client sending another obfs2 secret)
+    does its key work inline, as without pools."""
+
+    def __init__(self, key_work, size):
+        self.key_work, self.size = key_work, size
+        self._pools = {}
+
+    def prepare(self, name, initiator, config):
+        recipe = transports.pool_recipe(name, initiator, config)
+        if recipe is None or self.size <= 0:
+            return
+        key, make = recipe
+        if key not in self._pools:
+            self._pools[key] = pool.Pool(make, self.size, self.key_work.wait_idle, name=name)
+
+    def taker(self, name, initiator, config):
+        """The ``take`` of the pool for this side, or None."""
+        recipe = transports.pool_recipe(name, initiator, config)
+        found = self._pools.get(recipe[0]) if recipe else None
+        return None if found is None else found.take
+
+    def close(self):
+        for key, each in self._pools.items():
+            each.close()
+            log.info("pool of %s: %d taken ready, %d made on the spot", key[0] if isinstance(key, tuple)
+                     else key, each.hits, each.misses)
 
 
 class _Held:
@@ -189,16 +263,20 @@ def transport_handshake(sock, transport, deadline, key_work):
     (``start``, then ``data_to_send`` after each ``receive``); this driver
     only moves bytes, under one deadline.
     """
-    with key_work.held(transport, deadline):
-        ours = transport.start()
-    send_all(sock, ours, deadline)
-    plaintext = []
-    while not transport.is_open:
-        data = recv_some(sock, deadline)
+    key_work.begin()
+    try:
         with key_work.held(transport, deadline):
-            plaintext.append(transport.receive(data))
-            owed = transport.data_to_send()
-        send_all(sock, owed, deadline)
+            ours = transport.start()
+        send_all(sock, ours, deadline)
+        plaintext = []
+        while not transport.is_open:
+            data = recv_some(sock, deadline)
+            with key_work.held(transport, deadline):
+                plaintext.append(transport.receive(data))
+                owed = transport.data_to_send()
+            send_all(sock, owed, deadline)
+    finally:
+        key_work.end()
     return b"".join(plaintext)
 
 
@@ -635,7 +713,7 @@ class Proxy:
     COMPLAINT_INTERVAL = 10.0   # seconds between two log lines of one kind
     GRACE_SECONDS = 30.0        # a graceful stop waits at most this long for live tunnels
 
-    def __init__(self, max_connections=2048, tick=None):
+    def __init__(self, max_connections=2048, tick=None, pool_size=None):
         self.max_connections = max_connections
         self.tick = tick
         self.listeners = []           # (socket, handler, settings)
@@ -643,6 +721,7 @@ class Proxy:
         self.accepted = 0
         self.key_work = KeyWork()
         self.buffers = BufferPool()
+        self.pools = Pools(self.key_work, pool.configured_size() if pool_size is None else pool_size)
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -656,6 +735,15 @@ class Proxy:
     def listen(self, address, handler, settings):
         sock = listen(address)
         sock.setblocking(False)
+        settings = dataclasses.replace(settings, pools=self.pools)
+        initiator = handler is not handle_server
+        config = settings.config
+        if initiator:
+            try:
+                config = transports.transport_class(settings.transport).client_config(dict(settings.options))
+            except ValueError:    # the defaults need the SOCKS arguments (obfs4's cert)
+                config = None
+        self.pools.prepare(settings.transport, initiator, config)
         self.listeners.append((sock, handler, settings))
         return sock.getsockname()[:2]
 
@@ -699,6 +787,7 @@ class Proxy:
                 if self.tick:
                     self.tick()
         selector.close()
+        self.pools.close()
         with self._lock:  # let the waiting threads go
             waiting, self._waiting = self._waiting, 0
         for _ in range(waiting):

@@ -57,6 +57,8 @@ Also here: ``Recorder``, the wrapper that copies a live transport's wire bytes
 (``--record-dir``, and the demo's tap).
 """
 
+import copy
+import dataclasses
 import itertools
 import os
 import threading
@@ -66,6 +68,7 @@ from pathlib import Path
 import obfs2
 import obfs3
 import obfs4
+import obfs4_crypto
 
 
 class Dummy:
@@ -136,6 +139,62 @@ def transport_class(name):
         return TRANSPORTS[name]
     except KeyError:
         raise ValueError("unknown transport %r (have: %s)" % (name, ", ".join(TRANSPORTS)))
+
+
+# --- Handshake material made ahead of time (pool.py) ------------------------------
+#
+# What each transport can prepare before a connection exists, and how a connection
+# takes it. obfs4 and obfs3 start with an ephemeral keypair that depends on nothing
+# (their configs' ``keypairs`` supplier); obfs2 starts with a seed and the first
+# message encrypted under a key hashed from it, which depends on the role and the
+# shared secret. Dummy has nothing to prepare.
+
+def pool_recipe(name, initiator, config):
+    """(key, make) for what a side of transport ``name`` makes first, or None.
+    ``make()`` returns one single-use item; sides with equal keys may share a pool."""
+    if name == "obfs4":
+        return "obfs4 keypairs", obfs4_crypto.generate_keypair
+    if name == "obfs3":
+        return "obfs3 keypairs", obfs3.generate_keypair
+    if name == "obfs2" and config is not None and (initiator or not config.shared_secret):
+        # Not a shared-secret responder's: it answers only a client that checked out,
+        # so a bare connect must not cost it 100,000 SHA-256, not even to refill a pool.
+        key = ("obfs2 first messages", initiator, config.shared_secret, config.hash_iterations)
+        return key, lambda: prepare_obfs2(initiator, config)
+    return None
+
+
+def pooled_transport(name, initiator, config, take):
+    """A new side of transport ``name`` whose first key work is ``take()``'s item."""
+    if name == "obfs4":
+        config = copy.copy(config)       # a listener's config is shared: do not change it
+        config.keypairs = take
+        return obfs4.Obfs4(initiator, config)
+    if name == "obfs3":
+        return obfs3.Obfs3(initiator, dataclasses.replace(config, keypairs=take))
+    if name == "obfs2":
+        return PreparedObfs2(initiator, config, take())
+    raise ValueError("%s has nothing to prepare" % name)
+
+
+def prepare_obfs2(initiator, config):
+    """(SEED, PADLEN, first message) of a fresh obfs2 side: what ``start()`` computes."""
+    side = obfs2.Obfs2(initiator, config)
+    return side.seed, side.padlen, side.handshake()
+
+
+class PreparedObfs2(obfs2.Obfs2):
+    """An obfs2 side whose first message, SEED | E(own PAD key, MAGIC | PADLEN |
+    padding), was made ahead by ``prepare_obfs2`` for the same role and config.
+    Everything after it is plain Obfs2 (the data keys need the peer's seed)."""
+
+    def __init__(self, initiator, config, prepared):
+        seed, padlen, self._message = prepared
+        obfs2.Obfs2.__init__(self, initiator, config, padlen=padlen)
+        self.seed = seed
+
+    def handshake(self):
+        return self._message
 
 
 # --- Recording the wire ----------------------------------------------------------

@@ -1,0 +1,112 @@
+"""pool.py: handshake material made before a connection needs it.
+
+Most of a handshake's key work does not depend on the peer: an obfs3 side starts
+with a UniformDH keypair (one 1536-bit modexp, ~1 ms), an obfs4 side with an
+X25519 keypair that has an Elligator2 representative (~2 draws, ~0.3 ms), an
+obfs2 side with a random seed and the padding its first message carries,
+encrypted under a key hashed from that seed (~20 µs; with a shared secret,
+100,000 SHA-256). Made while the proxy has nothing else to do, it leaves a
+connection's critical path: the peer gets our first bytes sooner.
+
+What a ``Pool`` promises::
+
+    bounded     at most ``size`` items wait; memory is tiny (a keypair each)
+    single use  ``take()`` hands each item out exactly once, then forgets it;
+                items are never logged, written or copied anywhere
+    never late  an empty pool makes the item on the spot, as if there were none
+    idle only   one daemon thread refills it, one item at a time, and starts
+                an item only when ``wait_idle`` says no handshake is computing
+                (between connections, and while a handshake waits for its peer);
+                once full and untouched for LINGER seconds the thread ends, and
+                the next ``take()`` starts another: a proxy at rest runs no thread
+
+    take() --item--> connection          refiller: wait until below size
+      |                                             and idle() -> make() -> stock
+      +-- stock empty: make() now
+
+The proxy (proxy.py) owns the pools and tells them when it is idle; the
+transports (transports.py) say what an item is and how a connection uses one.
+``OBFSPROXY_POOL_SIZE`` (default ``DEFAULT_SIZE``) sets the size; 0 turns the
+pools off, which is how the benchmark measures what they buy.
+"""
+
+import os
+import threading
+from collections import deque
+
+DEFAULT_SIZE = 16
+IDLE_WAIT = 0.5       # seconds the refiller waits for idleness before looking at the stock again
+LINGER = 2.0          # seconds a full pool's refill thread waits for a take() before ending
+
+
+def configured_size(environ=os.environ):
+    """Pool size from OBFSPROXY_POOL_SIZE (a whole number >= 0), else DEFAULT_SIZE."""
+    text = environ.get("OBFSPROXY_POOL_SIZE", "")
+    return int(text) if text.isdigit() else DEFAULT_SIZE
+
+
+class Pool:
+    """A bounded stock of single-use items from ``make()``, refilled by one daemon
+    thread whenever ``wait_idle(timeout)`` returns True (it blocks until the owner is
+    idle, or returns False after ``timeout`` seconds). ``hits`` and ``misses`` count
+    takes served from the stock and made on the spot."""
+
+    def __init__(self, make, size=DEFAULT_SIZE, wait_idle=lambda timeout: True, name="pool"):
+        self._make, self.size, self._wait_idle, self.name = make, size, wait_idle, name
+        self._stock = deque()
+        self._changed = threading.Condition()
+        self._closed = self._refilling = False
+        self.hits = self.misses = 0
+        with self._changed:
+            self._start_refill()
+
+    def __len__(self):
+        return len(self._stock)
+
+    def take(self):
+        """One item, never handed out before: from the stock, else made now."""
+        with self._changed:
+            item = self._stock.popleft() if self._stock else None
+            if item is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            self._start_refill()
+            self._changed.notify()          # the refiller has room again
+        return self._make() if item is None else item
+
+    def close(self):
+        """Stop refilling and drop the stock (the items are never used)."""
+        with self._changed:
+            self._closed = True
+            self._stock.clear()
+            self._changed.notify()
+
+    def _start_refill(self):
+        """Start the refill thread unless it runs (call with the lock held)."""
+        if self._refilling or self._closed or self.size <= 0:
+            return
+        self._refilling = True
+        try:
+            threading.Thread(target=self._refill, name="%s-refill" % self.name, daemon=True).start()
+        except RuntimeError:     # no thread to be had: take() still makes items on the spot
+            self._refilling = False
+
+    def _refill(self):
+        while True:
+            with self._changed:
+                while not self._closed and len(self._stock) >= self.size:
+                    if not self._changed.wait(LINGER) and len(self._stock) >= self.size:
+                        self._refilling = False          # full and untouched: rest
+                        return
+                if self._closed:
+                    self._refilling = False
+                    return
+            if not self._wait_idle(IDLE_WAIT):
+                continue
+            item = self._make()
+            with self._changed:
+                if self._closed:
+                    self._refilling = False
+                    return
+                self._stock.append(item)
