@@ -1,4 +1,4 @@
-r"""The passive attack on obfs2, for teaching: ``unmask``, ``detect``, and ``--record-dir``.
+r"""The passive attacks, for teaching: ``unmask``, ``detect``, and ``--record-dir``.
 
 obfs2 sends each side's seed in clear, and every key is a hash of the seeds.
 So anyone who records a connection can do what the two ends did::
@@ -7,7 +7,7 @@ So anyone who records a connection can do what the two ends did::
         |  read_pcap -> ip_packet -> tcp_segment      link layer, IPv4/IPv6, TCP
         |  TcpTable -> reassemble                     each direction in sequence order
         v
-    Conversation: the bytes each side sent
+    Conversation: the bytes each side sent (and each side's first TCP payload)
         |  read_side: SEED = bytes 0..15 (clear); PAD key = MAC(label, SEED);
         |             decrypt bytes 16..23 -> MAGIC, PADLEN       (detect stops here:
         |                                                          one SHA-256, one AES block)
@@ -18,27 +18,45 @@ So anyone who records a connection can do what the two ends did::
 With a shared secret every MAC costs HASH_ITERATIONS SHA-256 instead of one,
 and needs the secret. That is all the secret adds.
 
-No sockets here: everything reads files or bytes. The recording side
-(``Recorder``, ``record_to_dir``) is the transport wrapper behind
-``--record-dir``; its file names are what ``load`` reads back.
+obfs3 and obfs4 put no key on the wire: ``unmask`` says, field by field, what
+the same attack finds there and why it stops (``explain_obfs3``,
+``explain_obfs4``). Given an obfs4 bridge's state directory it checks what the
+bridge's keys can check, the handshake marks and MACs (``Bridge``), and shows
+why they still do not decrypt anything: ntor is forward secure.
+
+``detect`` also runs a test that needs no protocol knowledge at all: the
+"fully encrypted traffic" heuristic that the Great Firewall of China deployed
+in November 2021, as Wu et al. measured it (``fully_encrypted_test``). It looks
+at one packet, the client's first, and flags obfs2, obfs3 and obfs4 alike.
+
+No sockets here: everything reads files or bytes. The recording side is the
+transport wrapper behind ``--record-dir`` (``transports.RecordDir``); its
+file names are what ``load`` reads back.
 
 Errors: ``CaptureError`` means the input cannot be read (truncated, corrupt,
-unsupported); ``main`` prints it on one line and exits with status 1.
+unsupported, not a capture); ``main`` prints it on one line and exits with
+status 1.
 """
 
+import functools
 import hashlib
-import logging
+import hmac
+import json
+import math
 import os
+import re
 import socket
 import struct
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import obfs2
+import obfs3
+import obfs4
 import transports
-
-log = logging.getLogger("obfsproxy")
+from obfs4_crypto import elligator2_direct, x25519
 
 SHOW_BYTES = 512          # decrypted bytes shown per direction without --full
 
@@ -198,6 +216,97 @@ def looks_like(data):
     return None
 
 
+# --- The fully-encrypted test (the Great Firewall, November 2021) ------------------
+#
+# Wu et al., "How the Great Firewall of China Detects and Blocks Fully Encrypted
+# Traffic", USENIX Security 2023, measured this rule from outside. Rather than
+# recognise encrypted traffic, it exempts what is unlikely to be encrypted and
+# flags the rest. It looks at one packet only, the client's first data packet,
+# and the first exemption that applies decides:
+#
+#     Ex1  popcount(pkt) / len(pkt) <= 3.4  or  >= 4.6   set bits per byte (random: 4.0)
+#     Ex2  pkt[0:6] all printable (0x20..0x7e)
+#     Ex3  more than 50% of pkt printable
+#     Ex4  more than 20 contiguous printable bytes
+#     Ex5  pkt starts like TLS ([16-17] 03 [00-09]) or HTTP ("GET ", "PUT ", "POST", "HEAD")
+#     none applies: flagged (the GFW then blocked a fraction of such connections)
+#
+# What follows is our reconstruction of that published measurement, not the censor's code.
+
+POPCOUNT_LOW, POPCOUNT_HIGH = 3.4, 4.6
+PRINTABLE_PREFIX = 6
+PRINTABLE_SHARE = 0.5
+PRINTABLE_RUN = 20
+TLS_START = re.compile(rb"[\x16\x17]\x03[\x00-\x09]")
+HTTP_STARTS = (b"GET ", b"PUT ", b"POST", b"HEAD")
+RECORDING_PACKET = 1460   # a recording has no packet boundaries: one Ethernet MSS stands in
+WU_2023 = "Wu et al., USENIX Security 2023"
+
+
+def is_printable(byte):
+    return 0x20 <= byte <= 0x7E
+
+
+class FirstPacket:
+    """The figures of one packet that the fully-encrypted test reads, and its verdict.
+
+    ``rule`` is "Ex1" .. "Ex5" for the exemption that applied first, or None: flagged.
+    """
+
+    def __init__(self, packet):
+        self.length = len(packet)
+        bits = sum(bin(byte).count("1") for byte in packet)
+        self.popcount = bits / len(packet) if packet else 0.0
+        printable = [is_printable(byte) for byte in packet]
+        self.printable_share = sum(printable) / len(packet) if packet else 0.0
+        self.longest_run = run = 0
+        for flag in printable:
+            run = run + 1 if flag else 0
+            self.longest_run = max(self.longest_run, run)
+        self.prefix_printable = len(packet) >= PRINTABLE_PREFIX and all(printable[:PRINTABLE_PREFIX])
+        if TLS_START.match(packet):
+            self.looks_like = "TLS"
+        elif packet.startswith(HTTP_STARTS):
+            self.looks_like = "HTTP"
+        else:
+            self.looks_like = None
+        rules = [("Ex1", not POPCOUNT_LOW < self.popcount < POPCOUNT_HIGH),
+                 ("Ex2", self.prefix_printable),
+                 ("Ex3", self.printable_share > PRINTABLE_SHARE),
+                 ("Ex4", self.longest_run > PRINTABLE_RUN),
+                 ("Ex5", self.looks_like is not None)]
+        self.rule = next((name for name, applies in rules if applies), None)
+
+    @property
+    def verdict(self):
+        return "flagged" if self.rule is None else "exempt (%s)" % self.rule
+
+    def figures(self):
+        return "popcount %.2f bits/byte, first %d bytes %s, %.1f%% printable, longest printable " \
+               "run %d, %s" % (
+                   self.popcount, PRINTABLE_PREFIX,
+                   "printable" if self.prefix_printable else "not all printable",
+                   100 * self.printable_share, self.longest_run,
+                   "starts like %s" % self.looks_like if self.looks_like else "no TLS/HTTP start")
+
+
+def fully_encrypted_line(conv):
+    """The ``detect`` line for one conversation: the test on the initiator's first packet."""
+    side = conv.initiator if conv.initiator is not None else 0
+    who = "the initiator" if conv.initiator is not None else conv.ends[side]
+    unknown = "" if conv.initiator is not None else "; who opened the connection is unknown"
+    packet = conv.first_packets[side]
+    if packet is None:
+        packet = conv.streams[side][:RECORDING_PACKET]
+        where = "%s's first %d bytes: packet boundaries are not known" % (who, len(packet))
+    else:
+        where = "%s's first packet, %d bytes" % (who, len(packet))
+    if not packet:
+        return "fully-encrypted test: not applicable: %s sent no data" % who
+    first = FirstPacket(packet)
+    return "fully-encrypted test: %s  %s  (%s%s)" % (first.verdict, first.figures(), where, unknown)
+
+
 # --- pcap files -------------------------------------------------------------------
 
 PCAP_MAGICS = {            # magic as stored -> (struct byte order, timestamp unit)
@@ -214,8 +323,8 @@ MAX_RECORD = 1 << 24      # a record longer than this is corruption, not a packe
 class Pcap:
     """A classic pcap file (what ``tcpdump -w`` writes): header, then records.
 
-    Iterate for each packet's frame bytes; ``packets`` counts them. Raises CaptureError on a
-    truncated or corrupt file; pcapng is recognised and refused.
+    Iterate for each packet's (time in unix seconds, frame bytes); ``packets`` counts them.
+    Raises CaptureError on a truncated or corrupt file; pcapng is recognised and refused.
     """
 
     def __init__(self, path):
@@ -240,6 +349,7 @@ class Pcap:
             raise CaptureError("unsupported link type %d (have: %s)" % (
                 self.linktype, ", ".join("%d %s" % item for item in sorted(LINKTYPES.items()))))
         self.version = "%d.%d" % (major, minor)
+        self._fraction = 1e-9 if self.resolution == "nanosecond" else 1e-6
         self.packets = 0
 
     def __iter__(self):
@@ -253,7 +363,7 @@ class Pcap:
                 if len(record) < 16:
                     raise CaptureError("truncated pcap: packet %d's record header at byte %d "
                                        "has %d of 16 bytes" % (number, offset, len(record)))
-                _, _, incl_len, orig_len = struct.unpack(self._order + "IIII", record)
+                seconds, fraction, incl_len, orig_len = struct.unpack(self._order + "IIII", record)
                 if incl_len > max(self.snaplen, 262144, orig_len) or incl_len > MAX_RECORD:
                     raise CaptureError("corrupt pcap: packet %d at byte %d claims %d bytes"
                                        % (number, offset, incl_len))
@@ -263,7 +373,7 @@ class Pcap:
                                        % (number, offset, len(frame), incl_len))
                 offset += 16 + incl_len
                 self.packets = number
-                yield frame
+                yield seconds + fraction * self._fraction, frame
 
 
 def ip_packet(linktype, frame):
@@ -340,28 +450,34 @@ def tcp_segment(packet):
                    cut=len(packet) < end)
 
 
-def reassemble(segments, first_seq=None):
-    """One direction's bytes in sequence order, from (seq, payload) pairs in
-    capture order: out-of-order segments are placed by sequence number,
-    retransmits and overlaps are dropped (the first copy wins).
-
-    ``first_seq`` is the sequence number of the first data byte (SYN + 1) when
-    the SYN was captured; otherwise the lowest sequence number seen starts the
-    stream. Returns (bytes, complete): complete is False at a hole, where the
-    capture missed a segment; the bytes stop there.
-    """
-    if not segments:
-        return b"", True
+def _placed(segments, first_seq=None):
+    """(offset from the stream's first byte, payload) for each (seq, payload), in capture
+    order. ``first_seq``: the first data byte's sequence number (SYN + 1) when the SYN
+    was captured; otherwise the lowest sequence number seen starts the stream."""
     origin = segments[0][0] if first_seq is None else first_seq
 
     def offset(seq):          # signed distance from origin, modulo 2**32 (seq wraps)
         return (seq - origin + 0x80000000) % 0x100000000 - 0x80000000
 
-    placed = sorted(((offset(seq), payload) for seq, payload in segments), key=lambda item: item[0])
-    start = 0 if first_seq is not None else placed[0][0]
+    placed = [(offset(seq), payload) for seq, payload in segments]
+    if first_seq is None:
+        start = min(position for position, _ in placed)
+        placed = [(position - start, payload) for position, payload in placed]
+    return placed
+
+
+def reassemble(segments, first_seq=None):
+    """One direction's bytes in sequence order, from (seq, payload) pairs in
+    capture order: out-of-order segments are placed by sequence number,
+    retransmits and overlaps are dropped (the first copy wins).
+
+    Returns (bytes, complete): complete is False at a hole, where the capture
+    missed a segment; the bytes stop there. (``_placed`` says where a stream starts.)
+    """
+    if not segments:
+        return b"", True
     out = bytearray()
-    for position, payload in placed:
-        position -= start
+    for position, payload in sorted(_placed(segments, first_seq), key=lambda item: item[0]):
         if position + len(payload) <= len(out):
             continue                                   # a retransmit of bytes we have
         if position > len(out):
@@ -370,18 +486,32 @@ def reassemble(segments, first_seq=None):
     return bytes(out), True
 
 
+def first_payload(segments, first_seq=None):
+    """The payload of the segment that starts the stream (the first captured copy):
+    the packet a censor's first-packet test looks at. None if it was not captured."""
+    if not segments:
+        return None
+    return next((payload for position, payload in _placed(segments, first_seq) if position == 0), None)
+
+
 class Conversation:
     """The bytes both sides of one TCP connection sent, ready for analysis.
 
     ``ends`` names the two sides, ``streams`` holds what each side sent, and
     ``initiator`` is 0 or 1 when we know who opened the connection (a captured
     SYN, or a recording's file name), else None and both roles are tried.
+    ``first_packets``: each side's first TCP payload (None: packet boundaries are
+    not known, as in a recording). ``time``: unix time of its first packet (a
+    recording: its file's modification time), or None.
     """
 
-    def __init__(self, name, ends, streams, initiator=None, notes=()):
+    def __init__(self, name, ends, streams, initiator=None, notes=(), first_packets=(None, None),
+                 time=None):
         self.name, self.ends, self.streams = name, ends, streams
         self.initiator = initiator
         self.notes = list(notes)
+        self.first_packets = tuple(first_packets)
+        self.time = time
 
 
 def _endpoint(address):
@@ -396,7 +526,7 @@ class TcpTable:
         self.connections = []
         self._current = {}
 
-    def add(self, segment):
+    def add(self, segment, when=None):
         key = tuple(sorted((segment.src, segment.dst)))
         conn = self._current.get(key)
         syn_only = segment.flags & (SYN | ACK) == SYN
@@ -404,7 +534,7 @@ class TcpTable:
                 conn["first_seq"][conn["ends"].index(segment.src)] != (segment.seq + 1) % 2 ** 32:
             conn = None                                # a new connection on the same ports
         if conn is None:
-            conn = {"ends": (segment.src, segment.dst), "initiator": None,
+            conn = {"ends": (segment.src, segment.dst), "initiator": None, "time": when,
                     "first_seq": [None, None], "segments": ([], []), "cut": 0}
             self._current[key] = conn
             self.connections.append(conn)
@@ -423,10 +553,11 @@ class TcpTable:
         for conn in self.connections:
             if not any(conn["segments"]):
                 continue
-            streams, notes = [], []
+            streams, notes, firsts = [], [], []
             for side in (0, 1):
                 data, complete = reassemble(conn["segments"][side], conn["first_seq"][side])
                 streams.append(data)
+                firsts.append(first_payload(conn["segments"][side], conn["first_seq"][side]))
                 if not complete:
                     notes.append("%s's stream has a hole after %d bytes: segments are missing "
                                  "from the capture" % (_endpoint(conn["ends"][side]), len(data)))
@@ -434,11 +565,11 @@ class TcpTable:
                 notes.append("%d packet(s) were cut at the capture's snapshot length" % conn["cut"])
             ends = tuple(_endpoint(end) for end in conn["ends"])
             if conn["initiator"] == 1:
-                ends, streams = ends[::-1], streams[::-1]
+                ends, streams, firsts = ends[::-1], streams[::-1], firsts[::-1]
             initiator = None if conn["initiator"] is None else 0
             arrow = "->" if initiator == 0 else "<->"
             yield Conversation("%s %s %s" % (ends[0], arrow, ends[1]), ends, tuple(streams),
-                               initiator, notes)
+                               initiator, notes, firsts, conn["time"])
 
 
 def read_pcap(path):
@@ -446,7 +577,7 @@ def read_pcap(path):
     pcap = Pcap(path)
     table = TcpTable()
     malformed = 0
-    for frame in pcap:
+    for when, frame in pcap:
         packet = ip_packet(pcap.linktype, frame)
         if packet is None:
             continue
@@ -456,7 +587,7 @@ def read_pcap(path):
             malformed += 1
             continue
         if segment is not None:
-            table.add(segment)
+            table.add(segment, when)
     conversations = list(table.conversations())
     description = "%s: pcap %s, %s, %s timestamps, %d packets, %d TCP connection(s) with data" % (
         path, pcap.version, LINKTYPES[pcap.linktype], pcap.resolution, pcap.packets, len(conversations))
@@ -501,8 +632,22 @@ def read_recordings(paths):
             tuple(path.name if path else "(missing)" for path in files)
         notes = ["only one direction was recorded: %s is missing" % ("initiator", "responder")[side]
                  for side, path in enumerate(files) if path is None and initiator == 0]
-        conversations.append(Conversation(name, ends, streams, initiator, notes))
+        when = min(path.stat().st_mtime for path in files if path)
+        conversations.append(Conversation(name, ends, streams, initiator, notes, time=when))
     return conversations
+
+
+def check_raw_stream(path):
+    """A file that is neither a pcap nor named like a recording is taken as one raw
+    direction of a connection, unless it is plainly not one: empty, or text."""
+    with path.open("rb") as f:
+        head = f.read(512)
+    if not head:
+        raise CaptureError("%s: not a capture: the file is empty" % path)
+    if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+        raise CaptureError("%s: not a capture: it is a text file. Give a pcap file (tcpdump -w), "
+                           "or the recordings of --record-dir (*.initiator.bin, *.responder.bin)"
+                           % path)
 
 
 def load(paths):
@@ -527,6 +672,8 @@ def load(paths):
             descriptions.append(description)
             conversations.extend(found)
         else:
+            if not path.name.endswith(ROLE_SUFFIXES):
+                check_raw_stream(path)
             recordings.append(path)
     if recordings:
         found = read_recordings(recordings)
@@ -614,8 +761,10 @@ def verdict(sides, secret_tried=False):
         " nor under the given shared secret" if secret_tried else "")
 
 
+@functools.lru_cache(maxsize=None)
 def hash_rate():
-    """SHA-256 per second on this machine, measured briefly."""
+    """SHA-256 per second on this machine, measured briefly, once per run (so that every
+    connection of one capture gets the same estimate)."""
     data, rounds = b"\0" * 32, 5000
     start = time.perf_counter()
     for _ in range(rounds):
@@ -636,11 +785,245 @@ def cost_lines(iterations):
     ]
 
 
+# --- Why the attack fails on obfs3 and obfs4 -------------------------------------
+
+FIELD_HEADER = "    %6s  %8s  %-12s  %-34s  %s" % ("offset", "length", "field", "on the wire", "meaning")
+
+
+def field_row(offset, length, name, wire, meaning, style=PLAIN):
+    return "    %6s  %8s  %s  %s  %s" % (offset, length, style("field", "%-12s" % name),
+                                         style("wire", "%-34s" % wire), meaning)
+
+
+def entropy(data):
+    """Shannon entropy in bits per byte (uniformly random bytes: close to 8)."""
+    counts = [0] * 256
+    for byte in data:
+        counts[byte] += 1
+    return -sum(c / len(data) * math.log2(c / len(data)) for c in counts if c)
+
+
+def role_name(conv, index):
+    """'initiator', or '127.0.0.1:5000 (initiator)' when the capture names the ends."""
+    role = "initiator" if index == (conv.initiator or 0) else "responder"
+    if conv.initiator is None:
+        role = "taken as the " + role
+    return role if conv.ends[index] in ("initiator", "responder") else "%s (%s)" % (conv.ends[index], role)
+
+
+def client_first(conv):
+    """(what the initiator sent, what the responder sent); the first side seen when
+    nobody knows who opened the connection."""
+    first = conv.initiator or 0
+    return conv.streams[first], conv.streams[1 - first]
+
+
+def obfs2_attempt_lines(conv):
+    """What the obfs2 attack read in each direction: the would-be seed, and what
+    the PAD key made from it decrypts bytes 16..23 to."""
+    lines = []
+    for index, data in enumerate(conv.streams):
+        if len(data) < obfs2.HEADER_LENGTH:
+            continue
+        initiator = index == (conv.initiator or 0)
+        seed, magic, padlen, _ = obfs2.read_header(data, initiator)
+        lines.append("  %s: bytes 0..15 as SEED %s; %s from it decrypts bytes 16..23 to"
+                     % (role_name(conv, index), hexline(seed, 6), "INIT_PAD" if initiator else "RESP_PAD"))
+        lines.append("      %s, not 2b f5 ca 7e and a PADLEN <= 8192"
+                     % hexline(struct.pack(">II", magic, padlen)))
+    return lines
+
+
+def explain_obfs3(conv):
+    """obfs3, field by field: the clear values are public keys, not seeds."""
+    lines = ["obfs3 (UniformDH): each side sends at once a public value, then padding:", FIELD_HEADER]
+    for data, initiator, label in zip(client_first(conv), ("INIT", "RESP"), ("initiator", "responder")):
+        if len(data) < obfs3.PUBLIC_KEY_LENGTH:
+            lines.append("    the %s sent %d bytes: too few for obfs3's 192-byte public value"
+                         % (label, len(data)))
+            continue
+        value = "X" if initiator == "INIT" else "Y"
+        lines += [
+            "    the %s's %d bytes:" % (label, len(data)),
+            field_row(0, 192, "public value", hexline(data[:192], 8),
+                      "%s = g^%s mod p, or p - %s: the private %s never crossed the wire"
+                      % (value, value.lower(), value, value.lower())),
+            field_row(192, "0..8194", "PAD1 | PAD2", hexline(data[192:], 8),
+                      "random; the padding ends where %s_MAGIC starts" % initiator),
+            field_row("?", 32, "%s_MAGIC" % initiator, "(nowhere to be found)",
+                      'HMAC-SHA256(SHARED_SECRET, "%s magic")' % label.capitalize()),
+            field_row("?", "rest", "data", "", "E(%s_SECRET, ...), %s_SECRET = HMAC-SHA256("
+                      "SHARED_SECRET, ...)" % (initiator, initiator)),
+        ]
+    lines += [
+        "  obfs2's clear seeds gave every key. obfs3's clear values are Diffie-Hellman public keys:",
+        "  SHARED_SECRET = Y^x mod p = X^y mod p needs x or y, which never left the two ends. From X",
+        "  and Y alone it is the Diffie-Hellman problem in a 1536-bit group (RFC 3526 group 5): no",
+        "  key, no magic, not even where the padding ends. (An active man in the middle, though, can",
+        "  run UniformDH with each side: obfs3 authenticates nobody.)",
+    ]
+    return lines
+
+
+def explain_obfs4(conv):
+    """obfs4 without the bridge's keys: nothing to find, nothing to check."""
+    first, second = client_first(conv)
+    return [
+        "obfs4 (ntor over X25519): the client sends its handshake, the server answers:",
+        FIELD_HEADER,
+        "    the initiator's %d bytes:" % len(first),
+        field_row(0, 32, "X'", hexline(first[:32], 8),
+                  "Elligator2 representative of X = x*G: every 32 bytes decode to some X"),
+        field_row(32, "77..8128", "P_C", hexline(first[32:], 8), "random padding"),
+        field_row("?", 16, "M_C", "(cannot be found)", "H16(B | NODEID, X'): B and NODEID are in the "
+                  "bridge line (cert=), never on the wire"),
+        field_row("?", 16, "MAC_C", "", "H16(B | NODEID, X' | P_C | M_C | E), E = the hour"),
+        "    the responder's %d bytes:" % len(second),
+        field_row(0, 32, "Y'", hexline(second[:32], 8), "the server's representative"),
+        field_row(32, 32, "AUTH", hexline(second[32:64], 8), "proves the server holds b, B's private key"),
+        field_row(64, "0..8051", "P_S", hexline(second[64:], 8), "random padding, then M_S and MAC_S"),
+        field_row("?", "rest", "frames", "", "length XOR a DRBG mask (2) | tag (16) | XSalsa20 ciphertext"),
+        "  KEY_SEED = HMAC(t_key, X25519(x, Y) | X25519(x, B) | B | B | X | Y | PROTOID | NODEID) needs",
+        "  the client's x, or the server's y and b. x and y are erased once the handshake is done.",
+        "  Without the bridge line an observer cannot even find M_C; with the bridge's state",
+        "  directory (--state-dir=DIR) unmask checks the marks and MACs, and still gets no key.",
+    ]
+
+
+class Bridge:
+    """An obfs4 bridge's identity, read (never written) from its state directory's
+    obfs4_state.json, as obfs4proxy and ``obfs4.load_or_create_state`` keep it."""
+
+    def __init__(self, state_dir):
+        path = Path(state_dir) / obfs4.STATE_FILE
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+            self.identity = obfs4.Identity(bytes.fromhex(state["node-id"]),
+                                           bytes.fromhex(state["private-key"]),
+                                           bytes.fromhex(state["drbg-seed"]), state.get("iat-mode", 0))
+        except FileNotFoundError:
+            raise CaptureError("%s: no %s: --state-dir must be an obfs4 bridge's state directory"
+                               % (state_dir, obfs4.STATE_FILE))
+        except OSError as exc:
+            raise CaptureError("%s: %s" % (path, exc.strerror or exc))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CaptureError("%s: not an obfs4 state file (%s)" % (path, exc))
+        self.path = path
+        self.key = self.identity.public_key + self.identity.node_id      # KEY = B | NODEID
+
+
+def match_epoch(key, head, mac, when):
+    """E such that H16(KEY, head | E) == mac, searched from the hour of ``when``
+    outwards, 72 hours each way; None if no hour matches."""
+    hour = int(when if when is not None else time.time()) // 3600
+    for distance in range(73):
+        for candidate in {hour - distance, hour + distance}:
+            e = str(candidate).encode("ascii")
+            if hmac.compare_digest(obfs4.h16(key, head + e), mac):
+                return e
+    return None
+
+
+def find_mark(data, mark, start):
+    """Where ``mark`` sits in data[start:8192] with 16 bytes after it for the MAC, or -1."""
+    pos = data.find(mark, start, obfs4.MAX_HANDSHAKE_LENGTH)
+    return pos if pos >= 0 and pos + 32 <= len(data) else -1
+
+
+def find_client_handshake(conv, key):
+    """(client index, position of M_C) of the first side whose bytes hold an obfs4 client
+    handshake for KEY (M_C = H16(KEY, X') after at least 77 bytes of padding), or None."""
+    sides = [conv.initiator] if conv.initiator is not None else [0, 1]
+    for client in sides:
+        data = conv.streams[client]
+        pos = find_mark(data, obfs4.h16(key, data[:32]), 32 + obfs4.CLIENT_MIN_PAD_LENGTH)
+        if pos >= 0:
+            return client, pos
+    return None
+
+
+def check_obfs4(conv, bridge, style=PLAIN):
+    """(lines, verified): the client's and server's marks and MACs, checked with KEY =
+    B | NODEID from the bridge's state; then why its private key b still reads nothing."""
+    identity = bridge.identity
+    lines = ["obfs4: the bridge %s has NODEID %s and B %s" % (bridge.path, identity.node_id.hex(),
+                                                                identity.public_key.hex()),
+             "  its bridge line says cert=%s: KEY = B | NODEID is public to every client" % identity.cert]
+    found = find_client_handshake(conv, bridge.key)
+    if found is None:
+        return lines + ["  no M_C = H16(B | NODEID, X') in the first 8192 bytes%s: this is not an obfs4 "
+                        "client of this bridge (obfs3? another bridge? a probe?)"
+                        % ("" if conv.initiator is not None else " of either side")], False
+    client, pos = found
+    c_data, s_data = conv.streams[client], conv.streams[1 - client]
+    e = match_epoch(bridge.key, c_data[:pos + 16], c_data[pos + 16:pos + 32], conv.time)
+    lines.append("  %s: the client's handshake, %d bytes" % (role_name(conv, client), pos + 32))
+    lines += client_handshake_rows(c_data, pos, e, style)
+    spos = find_mark(s_data, obfs4.h16(bridge.key, s_data[:32]), 64)
+    if spos >= 0 and e:
+        lines.append("  %s: the server's reply" % role_name(conv, 1 - client))
+        lines += server_reply_rows(s_data, spos, bridge.key, e, style)
+    x_u = elligator2_direct(c_data[:32])
+    lines += [
+        "  What the bridge's private key b gives: X = ell2(X') = %s," % x_u.hex(),
+        "    EXP2 = X25519(b, X) = %s." % x25519(identity.private_key, x_u).hex(),
+        "  What it does not: EXP1 = X25519(y, X) needs the server's ephemeral y, erased once the",
+        "    handshake was done. KEY_SEED = HMAC(t_key, EXP1 | EXP2 | ...): without EXP1 there is no",
+        "    key, and the frames stay sealed. ntor is forward secure: not even the bridge's operator",
+        "    can decrypt a recorded connection. What the cert does prove: this connection is a",
+        "    client of this bridge (M_C, MAC_C), and E is the hour its clock said.",
+    ]
+    return lines, e is not None
+
+
+def client_handshake_rows(data, pos, e, style=PLAIN):
+    """X' | P_C | M_C | MAC_C, with M_C at ``pos`` and the hour ``e`` that MAC_C matched."""
+    if e:
+        matched = (style("ok", '= H16(KEY, X\' | P_C | M_C | E), E = "%s"' % e.decode())
+                   + " (%s UTC)" % time.strftime("%Y-%m-%d %H:00", time.gmtime(int(e) * 3600)))
+    else:
+        matched = style("bad", "matches no hour within 72 h of the capture")
+    return [FIELD_HEADER,
+            field_row(0, 32, "X'", hexline(data[:32], 8), "the client's representative"),
+            field_row(32, pos - 32, "P_C", hexline(data[32:pos], 8), "random padding"),
+            field_row(pos, 16, "M_C", data[pos:pos + 16].hex(),
+                      style("ok", "= H16(KEY, X'): found") + " (the server looks for it here)"),
+            field_row(pos + 16, 16, "MAC_C", data[pos + 16:pos + 32].hex(), matched)]
+
+
+def server_reply_rows(data, pos, key, e, style=PLAIN):
+    """Y' | AUTH | P_S | M_S | MAC_S | frames, with M_S at ``pos``; MAC_S under the client's E."""
+    ok = hmac.compare_digest(obfs4.h16(key, data[:pos + 16] + e), data[pos + 16:pos + 32])
+    return [FIELD_HEADER,
+            field_row(0, 32, "Y'", hexline(data[:32], 8), "the server's representative"),
+            field_row(32, 32, "AUTH", hexline(data[32:64], 8),
+                      "HMAC(t_mac, verify | ...): verify needs X25519(x, Y): cannot be checked"),
+            field_row(64, pos - 64, "P_S", hexline(data[64:pos], 8), "random padding"),
+            field_row(pos, 16, "M_S", data[pos:pos + 16].hex(), style("ok", "= H16(KEY, Y'): found")),
+            field_row(pos + 16, 16, "MAC_S", data[pos + 16:pos + 32].hex(),
+                      style("ok", "= H16(KEY, Y' | AUTH | P_S | M_S | E)") if ok
+                      else style("bad", "does not match")),
+            field_row(pos + 32, len(data) - pos - 32, "frames", hexline(data[pos + 32:], 8),
+                      "the seed frame (45 bytes), then data: sealed with keys from KEY_SEED")]
+
+
 # --- Commands ----------------------------------------------------------------------
+
+FULLY_ENCRYPTED_NOTE = textwrap.fill(
+    "The fully-encrypted test is a reconstruction of a published measurement of the Great "
+    "Firewall of China (%s), not the censor's code. It reads the client's first data packet "
+    "only: the packet is exempt if (Ex1) it has <= 3.4 or >= 4.6 set bits per byte on average, "
+    "(Ex2) its first 6 bytes are printable ASCII, (Ex3) more than 50%% of it is, (Ex4) it has "
+    "more than 20 printable bytes in a row, or (Ex5) it starts like TLS or HTTP; anything else is "
+    "flagged as fully encrypted. It needs no key and no knowledge of obfs2, obfs3 or obfs4, and "
+    "it flags all three; the censor then blocked a fraction of the flagged connections." % WU_2023, 92)
+NO_MAGIC_HINT = ("random from the first byte, with no magic: obfs3, obfs4 and obfs2 with a shared "
+                 "secret look like this (`unmask` says why none gives its keys away)")
+
 
 def run_detect(conversations, secret_hash, iterations, out):
     total = Work()
-    count = 0
+    count = flagged = 0
     for number, conv in enumerate(conversations, 1):
         sides, work = examine(conv, secret_hash, iterations)
         is_obfs2, why = verdict(sides, secret_hash is not None)
@@ -648,10 +1031,15 @@ def run_detect(conversations, secret_hash, iterations, out):
         total.hashes += work.hashes
         total.aes_blocks += work.aes_blocks
         total.seconds += work.seconds
+        encrypted = fully_encrypted_line(conv)
+        flagged += "test: flagged" in encrypted
         print("stream %d  %s  (%d / %d bytes)" % (number, conv.name, len(conv.streams[0]),
                                                   len(conv.streams[1])), file=out)
         print("  %s" % why, file=out)
+        if why.startswith("not obfs2: no magic value"):
+            print("  %s" % NO_MAGIC_HINT, file=out)
         print("  work: %s" % work, file=out)
+        print("  %s" % encrypted, file=out)
         for note in conv.notes:
             print("  note: %s" % note, file=out)
     print(file=out)
@@ -660,12 +1048,15 @@ def run_detect(conversations, secret_hash, iterations, out):
     if secret_hash is None:
         print("Each check derives a PAD key from the clear seed (one SHA-256) and decrypts "
               "8 bytes (one AES block): obfs2 is trivially detectable.", file=out)
+    print("%d of %d stream(s) flagged by the fully-encrypted test." % (flagged, len(conversations)),
+          file=out)
+    print(FULLY_ENCRYPTED_NOTE, file=out)
     return 0
 
 
-def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out):
-    """Print one connection's handshakes, keys and decrypted streams.
-    Returns True when it could be unmasked."""
+def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out, bridge=None):
+    """Print one connection's handshakes, keys and decrypted streams, or why there
+    are none. Returns True when it could be unmasked."""
     def say(line=""):
         print(line, file=out)
 
@@ -674,19 +1065,43 @@ def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out):
         say("note: %s" % note)
     sides, work = examine(conv, secret_hash, iterations)
     found = [side for side in sides if side.initiator is not None]
-    if len(found) < 2 or found[0].initiator == found[1].initiator:
-        is_obfs2, why = verdict(sides, secret_hash is not None)
-        say(why if not is_obfs2 else "cannot unmask: " + why)
-        if not found and secret_hash is None and not any(looks_like(s.data) for s in sides):
-            say("If this tunnel used a shared secret, the secret is needed: give it with "
-                "--shared-secret=SECRET (and --ss-hash-iterations=N unless it used %d)." % iterations)
-            for line in cost_lines(iterations):
-                say(line)
-        elif len(found) == 1 and not all(conv.streams):
-            say("Both directions are needed: the data keys hash both seeds.")
-        return False
+    if len(found) == 2 and found[0].initiator != found[1].initiator:
+        for line in unmask_obfs2(conv, found, work, secret_hash, iterations, full, output_dir, number):
+            say(line)                   # line by line: --full on a big capture prints as it goes
+        return True
+    is_obfs2, why = verdict(sides, secret_hash is not None)
+    say(why if not is_obfs2 else "cannot unmask: " + why)
+    long_enough = [side for side in sides if len(side.data) >= obfs2.HEADER_LENGTH]
+    if not found and long_enough and not any(looks_like(side.data) for side in long_enough):
+        for line in explain_no_key(conv, secret_hash, iterations, bridge):
+            say(line)
+    elif len(found) == 1 and not all(conv.streams):
+        say("Both directions are needed: the data keys hash both seeds.")
+    return False
 
-    # Both seeds are in clear: derive what both ends derived (obfs2.py's own functions).
+
+def explain_no_key(conv, secret_hash, iterations, bridge):
+    """Random-looking bytes that are not obfs2: what the attack read, and why each
+    protocol that looks like this keeps its keys off the wire."""
+    lines = ["What the obfs2 attack read, and why it stops:"] + obfs2_attempt_lines(conv)
+    lines.append("Both directions look random (%s bits/byte of entropy; random bytes: 8): nothing in"
+                 % " and ".join("%.2f" % entropy(data) for data in conv.streams if data))
+    lines.append("them is a key.")
+    checked, is_obfs4 = check_obfs4(conv, bridge) if bridge is not None else ([], False)
+    if is_obfs4:
+        return lines + ["It is obfs4, to the bridge of --state-dir: its marks and MACs check out."] + checked
+    lines.append("Three protocols look like this, and none of them puts its keys on the wire:")
+    if secret_hash is None:
+        lines += ["obfs2 with a shared secret: the secret is needed. Give it with --shared-secret=SECRET",
+                  "  (and --ss-hash-iterations=N unless it used %d)." % iterations]
+        lines += ["  " + line for line in cost_lines(iterations)]
+    lines += explain_obfs3(conv)
+    return lines + (checked if bridge is not None else explain_obfs4(conv))
+
+
+def unmask_obfs2(conv, found, work, secret_hash, iterations, full, output_dir, number):
+    """Both seeds are in clear: derive what both ends derived (obfs2.py's own
+    functions) and decrypt both directions. Yields the lines to print, as they come."""
     init, resp = sorted(found, key=lambda side: not side.initiator)
     key_hash = secret_hash if init.secret else None
     start = time.perf_counter()
@@ -695,16 +1110,13 @@ def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out):
     for _ in rows:
         work.mac(key_hash, iterations)
     if key_hash is not None:
-        say("shared secret: every MAC below is %d rounds of SHA-256 over s | x | H(SECRET) | s"
-            % iterations)
+        yield "shared secret: every MAC below is %d rounds of SHA-256 over s | x | H(SECRET) | s" % iterations
     for side, row, direction in ((init, rows[0], "initiator -> responder"),
                                  (resp, rows[1], "responder -> initiator")):
-        say("%s: %d bytes on the wire" % (direction, len(side.data)))
-        for line in header_lines(side.data, side.initiator, row[3]):
-            say(line)
-    say("key schedule, recomputed from the two seeds in clear:")
-    for line in key_schedule_lines(rows, key_hash):
-        say(line)
+        yield "%s: %d bytes on the wire" % (direction, len(side.data))
+        yield from header_lines(side.data, side.initiator, row[3])
+    yield "key schedule, recomputed from the two seeds in clear:"
+    yield from key_schedule_lines(rows, key_hash)
     for side, row, direction in ((init, rows[2], "initiator-to-responder"),
                                  (resp, rows[3], "responder-to-initiator")):
         start = time.perf_counter()
@@ -713,34 +1125,37 @@ def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out):
         work.seconds += time.perf_counter() - start
         work.aes_blocks += (len(ciphertext) + 15) // 16
         guess = looks_like(plaintext)
-        say("%s, decrypted with %s: %d bytes%s" % (
+        yield "%s, decrypted with %s: %d bytes%s" % (
             direction.replace("-to-", " -> "), row[0], len(plaintext),
-            " (it looks like %s)" % guess if guess else ""))
-        for line in hexdump(plaintext, None if full else SHOW_BYTES):
-            say(line)
+            " (it looks like %s)" % guess if guess else "")
+        yield from hexdump(plaintext, None if full else SHOW_BYTES)
         if len(plaintext) > SHOW_BYTES and not full:
-            say("    (--full prints everything; --output-dir=DIR writes it to files)")
+            yield "    (--full prints everything; --output-dir=DIR writes it to files)"
         if output_dir:
             target = Path(output_dir) / ("connection-%d.%s.bin" % (number, direction))
-            Path(output_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(str(target), os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                         | getattr(os, "O_BINARY", 0), 0o600)
-            with os.fdopen(fd, "wb") as f:  # decrypted traffic: owner-only
-                f.write(plaintext)
-            say("    written to %s" % target)
-    say("work: %s" % work)
-    return True
+            write_private(target, plaintext)
+            yield "    written to %s" % target
+    yield "work: %s" % work
+
+
+def write_private(target, data):
+    """Decrypted traffic: owner-only, in an owner-only directory."""
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(str(target), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=False,
          output_dir=None, state_dir=None, out=None):
     """``obfsproxy.py unmask|detect [options] <capture>...``: 0 on success,
     1 when the capture cannot be read (or, for unmask, nothing could be
-    unmasked)."""
+    unmasked). ``state_dir``: an obfs4 bridge's state directory (unmask)."""
     out = out or sys.stdout
     secret_hash = hashlib.sha256(secret.encode()).digest() if secret else None  # "" is none, as in obfs2.py
     obfs2.read_header(bytes(obfs2.HEADER_LENGTH), True)   # warm up: time the checks, not the imports
     try:
+        bridge = Bridge(state_dir) if state_dir and command == "unmask" else None
         descriptions, conversations = load(paths)
         for description in descriptions:
             print(description, file=out)
@@ -754,7 +1169,7 @@ def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=Fal
             if number > 1:
                 print(file=out)
             unmasked += unmask_one(conv, secret_hash, iterations, full,
-                                   output_dir, number, out)
+                                   output_dir, number, out, bridge)
         if not conversations:
             print("no TCP connection with data in the capture", file=out)
         return 0 if unmasked else 1

@@ -1,57 +1,110 @@
 """``obfsproxy.py demo``: the whole tunnel on 127.0.0.1, in one process, annotated.
 
-    demo app --SOCKS5--> client ===obfs2===> server --plain--> echo service
+    demo app --SOCKS5--> client ===obfs4===> server --plain--> echo service
                                   ^
                        the wire: what a censor sees
 
-It starts an echo service, an obfs2 server in front of it and a SOCKS client
-(real sockets, threads of this process), sends a message that starts like a
-TLS ClientHello (the kind of fixed string DPI looks for), and then shows:
+It starts an echo service, a server of the chosen transport in front of it and
+a SOCKS client (real sockets, threads of this process), sends a message that
+starts like a TLS ClientHello (the kind of fixed string DPI looks for), and
+then walks through that one connection, as it crossed the wire:
 
-1. each side's handshake message as it crossed the wire, field by field;
-2. the key schedule, as the code derived it from the two seeds;
-3. the first application bytes, in clear and as sent;
-4. what a string-matching filter saw, and what a censor who knows obfs2 sees.
+=========  ===========================================================================
+obfs2      each side's header field by field (SEED in clear, MAGIC, PADLEN), the key
+           schedule from the two seeds, the data as sent
+obfs3      the two UniformDH public values (uniform strings, not recognisable numbers),
+           the shared secret, the derived keys, the padding and the search for the magic
+obfs4      the bridge's identity, the representatives, marks and MACs, the ntor
+           derivation, every frame with its masked length, the padding frames, and what
+           iat-mode did to the writes
+dummy      the baseline: the application's bytes, unchanged
+=========  ===========================================================================
 
-Every value printed is checked: the keys shown decrypt the recorded wire
-bytes back to the message, and each side read the other's PADLEN. The
-presentation helpers live in capture.py, which ``unmask`` shares.
+Each walk ends with what a string-matching filter, the fully-encrypted test
+(``capture.FirstPacket``) and a passive observer could and could not do.
+
+Every value printed is checked against the recorded wire bytes: the keys shown
+decrypt the wire back to the message, the marks and MACs shown are the ones on
+the wire, each side read the other's padding. A value that does not check out
+is printed as FAILED and the demo exits with status 1.
+
+The demo reads each side's ephemeral private key out of its transport object
+(``Obfs3._x``, ``Obfs4._priv``): it lives only in that process's memory and
+never crosses the wire, which is the whole point. Only a demo, holding both
+ends, can show it.
 """
 
 import dataclasses
-import math
 import socket
-import struct
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
 
 import capture
 import obfs2
+import obfs3
+import obfs4
+import outbound
 import proxy as proxy_
 import transports
+from obfs4_crypto import HashDrbg, SecretBox, elligator2_direct, x25519
 from outbound import format_address
 
 MESSAGE = (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
            b" <- a TLS ClientHello starts like this; a DPI box matches it. "
-           b"Hello from the other side of the obfs2 tunnel!")
+           b"Hello from the other side of the tunnel!")
 SIGNATURES = [("TLS record header 16 03 01", b"\x16\x03\x01"), ('"ClientHello"', b"ClientHello"),
-              ('"obfs2 tunnel"', b"obfs2 tunnel")]
+              ('"the tunnel"', b"the tunnel")]
+SHOW_FRAMES = 6           # frames listed per direction
+
+
+# --- Running one connection ------------------------------------------------------------
+
+class Wire:
+    """One side of the demo connection: its transport, and what it put on the wire,
+    piece by piece (each start(), data_to_send(), send() result or paced piece)."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self.pieces, self.delays = [], []
+        self.received = bytearray()
+
+    def sent_piece(self, data):
+        if data:
+            self.pieces.append(bytes(data))
+
+    @property
+    def sent(self):
+        return b"".join(self.pieces)
+
+
+class _Recorder(transports.Recorder):
+    """``transports.Recorder`` that also keeps the delays of paced pieces."""
+
+    def __init__(self, inner, wire):
+        transports.Recorder.__init__(self, inner, wire.sent_piece, wire.received.extend)
+        self.wire = wire
+
+    def send_paced(self, data):
+        pieces = transports.Recorder.send_paced(self, data)
+        self.wire.delays.extend(delay for _, delay in pieces)
+        return pieces
 
 
 class Tap:
-    """Keeps each new transport's wire bytes in memory (``transports.Recorder``,
-    the same wrapper as --record-dir): ``Settings(tap=Tap())``."""
+    """Keeps each new transport's wire bytes in memory (the same wrapper as
+    --record-dir): ``Settings(tap=Tap())``; ``taps`` lists a ``Wire`` per transport."""
 
     def __init__(self):
-        self.taps = []            # (transport, bytes it sent, bytes it received)
+        self.taps = []
 
     def __call__(self, transport):
-        sent, received = bytearray(), bytearray()
-        self.taps.append((transport, sent, received))
-        return transports.Recorder(transport, sent.extend, received.extend)
+        wire = Wire(transport)
+        self.taps.append(wire)
+        return _Recorder(transport, wire)
 
 
 innermost = transports.innermost
@@ -81,46 +134,28 @@ def echo_service():
     return listener.getsockname()[:2], listener
 
 
-def socks5_connect(proxy_address, target, timeout=30):
-    """Open a SOCKS5 CONNECT to ``target`` (an IPv4 address) through the client."""
-    sock = socket.create_connection(proxy_address, timeout=timeout)
-    sock.sendall(b"\x05\x01\x00")                      # VER=05 NMETHODS=01 METHODS=[no auth]
-    if recv_exact(sock, 2) != b"\x05\x00":
-        raise RuntimeError("SOCKS method refused")
-    host, port = target
-    sock.sendall(b"\x05\x01\x00\x01" + socket.inet_aton(host) + struct.pack("!H", port))
-    reply = recv_exact(sock, 10)                       # VER REP RSV ATYP=01 ADDR(4) PORT(2)
-    if reply[1] != 0:
-        raise RuntimeError("SOCKS CONNECT failed with reply code %d" % reply[1])
-    return sock
+@dataclasses.dataclass
+class Exchange:
+    """What one demo connection left behind."""
 
-
-def recv_exact(sock, n):
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise RuntimeError("connection closed early")
-        data += chunk
-    return data
-
-
-def entropy(data):
-    """Shannon entropy in bits per byte (uniformly random bytes: close to 8)."""
-    counts = [0] * 256
-    for byte in data:
-        counts[byte] += 1
-    return -sum(c / len(data) * math.log2(c / len(data)) for c in counts if c)
+    echoed: bytes
+    client: Wire
+    server: Wire
+    addresses: tuple          # (echo, server, SOCKS client)
+    seconds: float
+    announce: dict            # the server's bridge-line arguments (obfs4: cert, iat-mode)
 
 
 def run_exchange(name, options, settings):
-    """Echo, server and client on 127.0.0.1; send MESSAGE through them.
-    Returns (echoed bytes, client taps, server taps, addresses, seconds)."""
+    """Echo, server and client on 127.0.0.1; send MESSAGE through them."""
     cls = transports.transport_class(name)
     echo_address, echo_listener = echo_service()
     state = tempfile.TemporaryDirectory(prefix="obfsproxy-demo-")
-    server_config, announce = cls.server_config(
-        {k: v for k, v in options.items() if k != "cert"}, Path(state.name))
+    try:
+        server_config, announce = cls.server_config(
+            {k: v for k, v in options.items() if k != "cert"}, Path(state.name))
+    finally:
+        state.cleanup()        # obfs4 read its keys from it; nothing reads it again
     client_options = dict(options, **announce)   # the bridge line's arguments
     server_tap, client_tap = Tap(), Tap()
     server_settings = dataclasses.replace(settings, transport=name, config=server_config,
@@ -133,7 +168,9 @@ def run_exchange(name, options, settings):
     threading.Thread(target=proxy.serve, daemon=True).start()
     started = time.perf_counter()
     try:
-        with socks5_connect(client_address, server_address) as sock:
+        with outbound.connect_via_proxy("socks5://" + format_address(client_address),
+                                        server_address, outbound.Deadline(30)) as sock:
+            sock.settimeout(30)
             sock.sendall(MESSAGE)
             sock.shutdown(socket.SHUT_WR)
             echoed = b""
@@ -145,27 +182,64 @@ def run_exchange(name, options, settings):
     finally:
         proxy.stop()
         echo_listener.close()
-        state.cleanup()
-    addresses = (echo_address, server_address, client_address)
-    return (echoed, client_tap.taps[0], server_tap.taps[0], addresses,
-            time.perf_counter() - started)
+    return Exchange(echoed, client_tap.taps[0], server_tap.taps[0],
+                    (echo_address, server_address, client_address),
+                    time.perf_counter() - started, announce)
+
+
+# --- Printing ----------------------------------------------------------------------------
+
+class Walk:
+    """One demo connection and the helpers every walk-through uses."""
+
+    def __init__(self, name, exchange, style):
+        self.name, self.exchange, self.style = name, exchange, style
+        self.client = innermost(exchange.client.transport)
+        self.server = innermost(exchange.server.transport)
+        self.c_sent, self.s_sent = exchange.client.sent, exchange.server.sent
+        self.problems = []
+        self.section = 0
+
+    def title(self, text):
+        self.section += 1
+        print("\n" + self.style("title", "%d. %s" % (self.section, text)))
+
+    def check(self, ok, problem):
+        if not ok:
+            self.problems.append(problem)
+        return ok
+
+    def dump(self, data, kind="wire", limit=48):
+        for line in capture.hexdump(data, limit):
+            print(self.style(kind, line))
+
+    def field(self, offset, length, name, wire, meaning):
+        print(capture.field_row(offset, length, name, wire, meaning, self.style))
+
+
+def hexblock(data, indent="      ", width=32):
+    """Every byte of ``data`` in hex, ``width`` bytes a line."""
+    return "\n".join(indent + data[i:i + width].hex() for i in range(0, len(data), width))
+
+
+def ephemeral_secret(transport):
+    """The private key a transport object keeps in memory and never sends (obfs3: the
+    exponent x or y; obfs4: the X25519 scalar). Only a demo, holding both ends, has it."""
+    return transport._x if isinstance(transport, obfs3.Obfs3) else transport._priv
 
 
 def main(name, options, settings):
-    """``obfsproxy.py demo``: 0 when the message came back byte for byte."""
+    """``obfsproxy.py demo``: 0 when the message came back byte for byte and every value
+    shown checked out."""
     style = capture.Style.for_stream(sys.stdout)
-    title = lambda text: print("\n" + style("title", text))
     try:
-        echoed, client_tap, server_tap, addresses, seconds = run_exchange(name, options, settings)
-    except (RuntimeError, OSError) as exc:
+        exchange = run_exchange(name, options, settings)
+    except (RuntimeError, OSError, ValueError) as exc:
         print(style("bad", "FAILED: the demo connection did not work: %s" % exc))
         return 1
-    client, c_sent, c_received = innermost(client_tap[0]), bytes(client_tap[1]), bytes(client_tap[2])
-    server, s_sent, s_received = innermost(server_tap[0]), bytes(server_tap[1]), bytes(server_tap[2])
-    echo_address, server_address, client_address = addresses
-
-    print(style("title", "obfsproxy.py demo: the %s tunnel on 127.0.0.1, in one process"
-                % name))
+    walk = Walk(name, exchange, style)
+    echo_address, server_address, client_address = exchange.addresses
+    print(style("title", "obfsproxy.py demo: the %s tunnel on 127.0.0.1, in one process" % name))
     print("  demo app --SOCKS5--> client %s ===%s===> server %s --plain--> echo %s"
           % (format_address(client_address), name,
              format_address(server_address), format_address(echo_address)))
@@ -173,107 +247,132 @@ def main(name, options, settings):
     if settings.record is not None:
         print("  The wire bytes were also saved in %s: try `python3 obfsproxy.py unmask %s`."
               % (settings.record.directory, settings.record.directory))
-    problems = []
-    if c_sent != s_received or s_sent != c_received:
-        problems.append("what one side sent differs from what the other received")
-
-    if isinstance(client, obfs2.Obfs2):
-        problems += explain_obfs2(client, server, c_sent, s_sent, style, title)
-        c_data = c_sent[obfs2.HEADER_LENGTH + client.padlen:]
-        s_data = s_sent[obfs2.HEADER_LENGTH + server.padlen:]
-    else:
-        title("1. and 2. The handshake and the keys: none")
-        print("  The %s transport has no handshake and no keys: the wire carries the application's "
-              "bytes unchanged." % name)
-        c_data, s_data = c_sent, s_sent
-    title("3. The first application bytes")
-    print("  the application sent %d bytes, in clear:" % len(MESSAGE))
-    for line in capture.hexdump(MESSAGE, 48):
-        print(style("clear", line))
-    print("  the client sent them as %s:"
-          % ("E(INIT_SECRET, message)" if c_data != MESSAGE else "they were"))
-    for line in capture.hexdump(c_data, 48):
-        print(style("wire", line))
-    print("  the echo came back; the server sent it as %s:"
-          % ("E(RESP_SECRET, echo)" if s_data != echoed else "it was"))
-    for line in capture.hexdump(s_data, 48):
-        print(style("wire", line))
-    if c_data != MESSAGE:
-        print("  Ciphertext length = plaintext length (%d bytes): obfs2 hides no sizes and no timing."
-              % len(c_data))
-
-    title("4. What a string-matching filter saw")
-    print("  %-28s  %-26s  %s" % ("pattern", "in the application's bytes", "on the wire (both ways)"))
-    wire = c_sent + s_sent
-    for name, pattern in SIGNATURES:
-        at = MESSAGE.find(pattern)
-        seen = wire.find(pattern)
-        print("  %-28s  %-26s  %s" % (name, "offset %d" % at if at >= 0 else "-",
-                                      style("bad", "offset %d: MATCH" % seen) if seen >= 0
-                                      else style("ok", "not found")))
-    print("  byte entropy: message %.1f bits/byte, wire %.1f bits/byte (random bytes: 8)"
-          % (entropy(MESSAGE), entropy(wire)))
-    if isinstance(client, obfs2.Obfs2):
-        print("  A filter matching strings or regular expressions sees random-looking bytes from the\n"
-              "  first byte on: that is all obfs2 is for. (An entropy test already flags that.)")
-        if client.secret_hash is None:
-            print("  A censor who knows obfs2 needs no string: one SHA-256 over the first 16 bytes and\n"
-                  "  one AES block over the next 8 reveal 2b f5 ca 7e (`obfsproxy.py detect`), and the\n"
-                  "  two seeds, sent in clear, give every key above (`obfsproxy.py unmask`).")
-            print("  Try `python3 obfsproxy.py demo --shared-secret=SECRET` to see what a shared "
-                  "secret changes.")
-        else:
-            n = client.iterations
-            print("  With a shared secret the seeds alone no longer give the keys. A censor who knows\n"
-                  "  the secret (it is in the bridge line) pays %d SHA-256 to detect a connection and\n"
-                  "  4 x %d = %d to read it; one who does not must guess it, at %d SHA-256 a guess."
-                  % (n, n, 4 * n, n))
-    else:
-        print("  With --transport=dummy every signature is on the wire: this is what obfs2 removes.")
-
+    walk.check(walk.c_sent == bytes(exchange.server.received)
+               and walk.s_sent == bytes(exchange.client.received),
+               "what one side sent differs from what the other received")
+    WALKS[name](walk)
+    filters(walk)
+    observer(walk)
+    walk.check(exchange.echoed == MESSAGE, "the echo differs from the message")
     print()
-    if echoed != MESSAGE:
-        problems.append("the echo differs from the message")
-    for problem in problems:
+    for problem in walk.problems:
         print(style("bad", "FAILED: %s" % problem))
-    if problems:
+    if walk.problems:
         return 1
-    print(style("ok", "OK") + ": the message crossed the tunnel and came back byte for byte "
-          "(%.2f s). More: docs/PROTOCOL.md" % seconds)
+    print(style("ok", "OK") + ": the message crossed the tunnel and came back byte for byte, and "
+          "every value shown checked out (%.2f s). More: docs/PROTOCOL.md" % exchange.seconds)
     return 0
 
 
-def explain_obfs2(client, server, c_sent, s_sent, style, title):
-    """Sections 1 and 2: the handshake messages and the key schedule.
-    Returns a list of problems (values that do not check out)."""
-    problems = []
+def application_bytes(walk, c_data, s_data, how_c, how_s):
+    """The message in clear, and as each side put it on the wire."""
+    walk.title("The first application bytes")
+    print("  the application sent %d bytes, in clear:" % len(MESSAGE))
+    walk.dump(MESSAGE, "clear")
+    print("  the client sent them as %s:" % how_c)
+    walk.dump(c_data)
+    print("  the echo came back; the server sent it as %s:" % how_s)
+    walk.dump(s_data)
+
+
+def filters(walk):
+    """What a string-matching filter and the fully-encrypted test saw."""
+    walk.title("What a string-matching filter and an entropy test saw")
+    print("  %-28s  %-26s  %s" % ("pattern", "in the application's bytes", "on the wire (both ways)"))
+    wire = walk.c_sent + walk.s_sent
+    for label, pattern in SIGNATURES:
+        at, seen = MESSAGE.find(pattern), wire.find(pattern)
+        print("  %-28s  %-26s  %s" % (label, "offset %d" % at if at >= 0 else "-",
+                                      walk.style("bad", "offset %d: MATCH" % seen) if seen >= 0
+                                      else walk.style("ok", "not found")))
+    print("  byte entropy: message %.1f bits/byte, wire %.1f bits/byte (random bytes: 8)"
+          % (capture.entropy(MESSAGE), capture.entropy(wire)))
+    first_piece = walk.exchange.client.pieces[0] if walk.exchange.client.pieces else b""
+    first = capture.FirstPacket(first_piece)
+    print("  The fully-encrypted test (the Great Firewall since November 2021, as %s" % capture.WU_2023)
+    print("  measured it; `obfsproxy.py detect` runs it) on the client's first write, %d bytes:"
+          % len(first_piece))
+    print("    %s  %s" % (walk.style("bad" if first.rule is None else "ok", first.verdict), first.figures()))
+
+
+OBSERVER = {
+    "dummy": (["every byte: the TLS record header, the strings, the sizes, the timing"],
+              ["nothing is hidden: this is the baseline the transports improve on"]),
+    "obfs2": (["detect it: one SHA-256 over the clear seed and one AES block give 2b f5 ca 7e "
+               "(`obfsproxy.py detect`)",
+               "read it: both seeds are in clear, and every key is a hash of them "
+               "(`obfsproxy.py unmask`)",
+               "flag it as fully encrypted (first packet), and see every size and every pause"],
+              ["match a string: from the first byte on there is none"]),
+    "obfs3": (["flag it as fully encrypted (first packet); see that both sides send at least 192 "
+               "random bytes at once",
+               "see the sizes and timing of everything after the paddings (ciphertext length = "
+               "plaintext length)"],
+              ["compute SHARED_SECRET from X and Y (it needs x or y): so no key, no magic, not even "
+               "where the padding ends",
+               "match a string, or run obfs2's magic test (`obfsproxy.py unmask` explains)",
+               "but an ACTIVE attacker can: obfs3 authenticates nobody, so a man in the middle runs "
+               "UniformDH with each side and reads everything, and a prober gets 192+ bytes back "
+               "from any server"]),
+    "obfs4": (["flag it as fully encrypted (first packet); see volumes, and sizes blurred to the "
+               "bridge's length table",
+               "see timing (iat-mode 0: as the application sends; 1 and 2 blur it)",
+               "with the bridge line (cert): find M_C and check MAC_C, so confirm obfs4 to that bridge"],
+              ["find the marks without the bridge line: every byte looks random",
+               "compute a key, even with the bridge's private key b: ntor needs x or y, erased after "
+               "the handshake (forward secrecy; `obfsproxy.py unmask --state-dir` shows it)",
+               "probe the bridge without its cert: the server stays silent and closes after "
+               "30 s + a per-bridge delay; a man in the middle without b fails AUTH"]),
+}
+
+
+def observer(walk):
+    could, could_not = OBSERVER[walk.name]
+    walk.title("What a passive observer could and could not do")
+    for heading, lines in (("could:", could), ("could not:", could_not)):
+        print("  " + heading)
+        for line in lines:
+            print(textwrap.fill(line, 100, initial_indent="    - ", subsequent_indent="      "))
+
+
+# --- dummy and obfs2 -----------------------------------------------------------------------
+
+def walk_dummy(walk):
+    walk.title("The handshake and the keys: none")
+    print("  The dummy transport has no handshake and no keys: the wire carries the application's "
+          "bytes unchanged.")
+    application_bytes(walk, walk.c_sent, walk.s_sent, "they were", "it was")
+
+
+def walk_obfs2(walk):
+    client, server, c_sent, s_sent = walk.client, walk.server, walk.c_sent, walk.s_sent
     secret_hash, iterations = client.secret_hash, client.iterations
     started = time.perf_counter()
     rows = capture.key_schedule(client.seed, server.seed, secret_hash, iterations)
     derive_seconds = time.perf_counter() - started
     init_pad, resp_pad, init_secret, resp_secret = (row[3] for row in rows)
 
-    title("1. The handshake: each side sends one message at once, without waiting for the other"
-          if secret_hash is None else
-          "1. The handshake: the client sends at once; with a shared secret our server answers"
-          " once the client's message proved the secret")
-    for name, obj, sent, pad, initiator in (
+    walk.title("The handshake: each side sends one message at once, without waiting for the other"
+               if secret_hash is None else
+               "The handshake: the client sends at once; with a shared secret our server answers"
+               " once the client's message proved the secret")
+    for label, obj, sent, pad, initiator in (
             ("client -> server: the initiator's message", client, c_sent, init_pad, True),
             ("server -> client: the responder's message", server, s_sent, resp_pad, False)):
-        print("  %s, 24 + PADLEN = %d bytes" % (name, obfs2.HEADER_LENGTH + obj.padlen))
-        for line in capture.header_lines(sent, initiator, pad, style):
+        print("  %s, 24 + PADLEN = %d bytes" % (label, obfs2.HEADER_LENGTH + obj.padlen))
+        for line in capture.header_lines(sent, initiator, pad, walk.style):
             print(line)
     print("  The receiver takes the seed, derives the sender's PAD key, checks MAGIC, drops PADLEN bytes;")
     print("  the server read PADLEN %d (Obfs2.peer_padlen), the client read %d."
           % (server.peer_padlen, client.peer_padlen))
-    if (server.peer_padlen, client.peer_padlen) != (client.padlen, server.padlen):
-        problems.append("a side read the wrong PADLEN")
-    if server.peer_seed != client.seed or client.peer_seed != server.seed:
-        problems.append("a side read the wrong seed")
+    walk.check((server.peer_padlen, client.peer_padlen) == (client.padlen, server.padlen),
+               "a side read the wrong PADLEN")
+    walk.check(server.peer_seed == client.seed and client.peer_seed == server.seed,
+               "a side read the wrong seed")
 
-    title("2. The key schedule, as the code derived it (obfs2.pad_key, obfs2.data_keys)")
-    print("  INIT_SEED = %s (the client's Obfs2.seed)" % style("wire", client.seed.hex()))
-    print("  RESP_SEED = %s (the server's Obfs2.seed)" % style("wire", server.seed.hex()))
+    walk.title("The key schedule, as the code derived it (obfs2.pad_key, obfs2.data_keys)")
+    print("  INIT_SEED = %s (the client's Obfs2.seed)" % walk.style("wire", client.seed.hex()))
+    print("  RESP_SEED = %s (the server's Obfs2.seed)" % walk.style("wire", server.seed.hex()))
     if secret_hash is None:
         print("  MAC(s, x) = SHA-256(s | x | s). Each value m is one SHA-256 output:"
               " AES-128 key = m[0:16],")
@@ -283,7 +382,7 @@ def explain_obfs2(client, server, c_sent, s_sent, style, title):
               % iterations)
         print("  Each value m is the last SHA-256 output: AES-128 key = m[0:16],")
     print("  IV = m[16:32], the whole 128-bit CTR counter block.")
-    for line in capture.key_schedule_lines(rows, secret_hash, style):
+    for line in capture.key_schedule_lines(rows, secret_hash, walk.style):
         print(line)
     per_side = 4 * (1 if secret_hash is None else iterations)
     print("  Each side computes all four (its own PAD key, the peer's, both data keys): "
@@ -291,11 +390,290 @@ def explain_obfs2(client, server, c_sent, s_sent, style, title):
     if secret_hash is not None:
         print("  Without the secret that would be 4 SHA-256: the secret multiplies the cost by %d,\n"
               "  for both ends and for a censor who knows it." % iterations)
-    # Check that these are the keys the tunnel used: they must decrypt the wire.
-    for name, sent, obj, m in (("INIT_SECRET", c_sent, client, init_secret),
-                               ("RESP_SECRET", s_sent, server, resp_secret)):
-        if obfs2.ctr(m).decrypt(sent[obfs2.HEADER_LENGTH + obj.padlen:]) != MESSAGE:
-            problems.append("%s does not decrypt the recorded data" % name)
-    if not problems:
+    c_data = c_sent[obfs2.HEADER_LENGTH + client.padlen:]
+    s_data = s_sent[obfs2.HEADER_LENGTH + server.padlen:]
+    ok = walk.check(obfs2.ctr(init_secret).decrypt(c_data) == MESSAGE,
+                    "INIT_SECRET does not decrypt the recorded data")
+    ok &= walk.check(obfs2.ctr(resp_secret).decrypt(s_data) == walk.exchange.echoed,
+                     "RESP_SECRET does not decrypt the recorded data")
+    if ok:
         print("  Checked: INIT_SECRET and RESP_SECRET decrypt the recorded wire bytes back to the message.")
-    return problems
+
+    application_bytes(walk, c_data, s_data, "E(INIT_SECRET, message)", "E(RESP_SECRET, echo)")
+    print("  Ciphertext length = plaintext length (%d bytes): obfs2 hides no sizes and no timing."
+          % len(c_data))
+    if secret_hash is None:
+        print("  Try `python3 obfsproxy.py demo --shared-secret=SECRET` to see what a shared secret "
+              "changes,\n  and `--transport=obfs3` or `--transport=obfs4` for what came after obfs2.")
+    else:
+        n = iterations
+        print("  With a shared secret the seeds alone no longer give the keys. A censor who knows\n"
+              "  the secret (it is in the bridge line) pays %d SHA-256 to detect a connection and\n"
+              "  4 x %d = %d to read it; one who does not must guess it, at %d SHA-256 a guess."
+              % (n, n, 4 * n, n))
+
+
+# --- obfs3 -----------------------------------------------------------------------------------
+
+def legendre(value):
+    """+1 if ``value`` is a square modulo p, -1 if not (Euler: value^((p-1)/2) mod p)."""
+    return 1 if pow(value, (obfs3.P - 1) // 2, obfs3.P) == 1 else -1
+
+
+def walk_obfs3(walk):
+    client, server, c_sent, s_sent = walk.client, walk.server, walk.c_sent, walk.s_sent
+    X, Y = c_sent[:192], s_sent[:192]
+
+    walk.title("The handshake: each side sends its UniformDH public value and PAD1, at once")
+    for label, who, value, padlen in (("client -> server: X", client, X, client.padlen1),
+                                      ("server -> client: Y", server, Y, server.padlen1)):
+        print("  %s, 192 bytes, then PAD1 = %d random bytes (Obfs3.padlen1), all in one write:"
+              % (label, padlen))
+        print(walk.style("wire", hexblock(value, "    ", 48)))
+        walk.check(value == who.public, "the public value on the wire is not the object's")
+        walk.check(len(walk.exchange.client.pieces[0] if who is client else walk.exchange.server.pieces[0])
+                   == 192 + padlen, "the first write is not PUB | PAD1")
+    print("  These are two 1536-bit numbers below p (RFC 3526 group 5), but p is within 2^-64 of")
+    print("  2^1536: as bytes they are as uniform as random ones. Plain Diffie-Hellman would still")
+    print("  show: g^x mod p is always a square modulo p (g = 2 is one here), and a censor can test")
+    print("  that in one exponentiation, while random numbers are squares only half the time.")
+    print("  UniformDH sends p - g^x instead on a coin flip (the low bit of x), and p - g^x is never")
+    squares = []
+    for who, value in ((client, X), (server, Y)):
+        square = legendre(int.from_bytes(value, "big")) == 1
+        plain = obfs3.modexp(obfs3.G, ephemeral_secret(who), obfs3.P).to_bytes(192, "big") == value
+        walk.check(square == plain, "a public value's Legendre symbol does not match its coin")
+        squares.append("a square (+1: g^x was sent)" if square else "not a square (-1: p - g^x was sent)")
+    print("  a square. Here X is %s, Y is %s;" % tuple(squares))
+    print("  for random bytes each is a coin flip too.")
+
+    walk.title("The shared secret and the keys (obfs3.shared_secret, obfs3.derive_keys)")
+    started = time.perf_counter()
+    from_client = obfs3.shared_secret(ephemeral_secret(client), Y)
+    seconds = time.perf_counter() - started
+    from_server = obfs3.shared_secret(ephemeral_secret(server), X)
+    keys = obfs3.derive_keys(from_client)
+    print("  x and y, the private exponents, stayed in the two processes (x = %s..., 1536 bits)."
+          % ephemeral_secret(client).to_bytes(192, "big")[:8].hex())
+    print("  SHARED_SECRET = Y^x mod p (the client) = X^y mod p (the server), 192 bytes:")
+    print(walk.style("wire", hexblock(from_client, "    ", 48)))
+    walk.check(from_client == from_server, "the two ends computed different shared secrets")
+    print("  Each key is HMAC-SHA256(SHARED_SECRET, label); AES-128-CTR key = m[0:16], counter = m[16:32]:")
+    for label, m, use in (("INIT_SECRET", keys.init_secret, "encrypts client -> server data"),
+                          ("RESP_SECRET", keys.resp_secret, "encrypts server -> client data"),
+                          ("INIT_MAGIC", keys.init_magic, "marks the end of the client's padding"),
+                          ("RESP_MAGIC", keys.resp_magic, "marks the end of the server's padding")):
+        print("    %s = %s" % (walk.style("field", "%-11s" % label), walk.style("wire", m.hex())))
+        print("                  %s" % use)
+    print("  Each side does two modexps, one for its key pair and one for the shared secret (%s here);"
+          % capture.duration(seconds))
+    print("  obfs2 needed 4 SHA-256. In exchange, an observer faces the Diffie-Hellman problem.")
+
+    walk.title("The padding, and the search for the magic")
+    c_pos = c_sent.find(keys.init_magic, 192)
+    s_pos = s_sent.find(keys.resp_magic, 192)
+    for label, who, peer, sent, pos, magic in (
+            ("client", client, server, c_sent, c_pos, "INIT_MAGIC"),
+            ("server", server, client, s_sent, s_pos, "RESP_MAGIC")):
+        print("  The %s's stream:" % label)
+        walk.field(0, 192, "public value", capture.hexline(sent[:192], 8), "sent by start()")
+        walk.field(192, who.padlen1, "PAD1", capture.hexline(sent[192:192 + who.padlen1], 8),
+                   "random, sent by start() with the public value")
+        walk.field(192 + who.padlen1, who.padlen2, "PAD2", capture.hexline(sent[192 + who.padlen1:pos], 8),
+                   "random, sent with the first data")
+        walk.field(pos, 32, magic, capture.hexline(sent[pos:pos + 32], 8), "clear, found by the %s"
+                   % ("server" if who is client else "client"))
+        walk.field(pos + 32, len(sent) - pos - 32, "data", capture.hexline(sent[pos + 32:], 8),
+                   "E(%s_SECRET, ...)" % magic[:4])
+        walk.check(pos == 192 + who.padlen1 + who.padlen2 == 192 + peer.peer_padding,
+                   "the %s's magic is not where its paddings end" % label)
+        print("    The %s searched the bytes after the public value for %s: found after %d bytes,"
+              % ("server" if who is client else "client", magic, peer.peer_padding))
+        print("    PADLEN1 + PADLEN2 = %d + %d (Obfs3.peer_padding); it would give up beyond 8194."
+              % (who.padlen1, who.padlen2))
+
+    c_data, s_data = c_sent[c_pos + 32:], s_sent[s_pos + 32:]
+    ok = walk.check(obfs3.ctr(keys.init_secret).decrypt(c_data) == MESSAGE,
+                    "INIT_SECRET does not decrypt the recorded data")
+    ok &= walk.check(obfs3.ctr(keys.resp_secret).decrypt(s_data) == walk.exchange.echoed,
+                     "RESP_SECRET does not decrypt the recorded data")
+    application_bytes(walk, c_data, s_data, "E(INIT_SECRET, message)", "E(RESP_SECRET, echo)")
+    if ok:
+        print("  Checked: INIT_SECRET and RESP_SECRET decrypt the recorded wire bytes back to the message.")
+    print("  Ciphertext length = plaintext length (%d bytes): after the paddings obfs3 hides no sizes."
+          % len(c_data))
+
+
+# --- obfs4 -----------------------------------------------------------------------------------
+
+def walk_obfs4(walk):
+    client, server, c_sent, s_sent = walk.client, walk.server, walk.c_sent, walk.s_sent
+    identity = server.config.identity
+    key = identity.public_key + identity.node_id
+
+    walk.title("The bridge: a long-term identity, handed to clients in the bridge line")
+    print("  NODEID = %s   (20 bytes)" % identity.node_id.hex())
+    print("  B      = %s   X25519(b, 9); b stays on the bridge" % identity.public_key.hex())
+    print("  cert   = base64(NODEID | B) = %s" % walk.exchange.announce["cert"])
+    print("  iat-mode = %d. The client knows NODEID and B from the cert; KEY = B | NODEID signs"
+          % identity.iat_mode)
+    print("  every mark and MAC below, so only clients given the bridge line can speak to it.")
+    walk.check(walk.exchange.announce["cert"] == obfs4.encode_cert(identity.node_id, identity.public_key),
+               "the cert is not NODEID | B")
+
+    walk.title("The client's handshake: X' | P_C | M_C | MAC_C, one write")
+    m_c = obfs4.h16(key, c_sent[:32])
+    pos = c_sent.find(m_c, 32)
+    e = capture.match_epoch(key, c_sent[:pos + 16], c_sent[pos + 16:pos + 32], time.time())
+    walk.check(pos > 0 and e is not None and len(walk.exchange.client.pieces[0]) == pos + 32,
+               "the client's first write is not X' | P_C | M_C | MAC_C")
+    e = e or b"?"
+    walk.field("offset", "length", "field", "on the wire", "meaning")
+    walk.field(0, 32, "X'", capture.hexline(c_sent[:32], 8),
+               "Elligator2 representative of the client's X25519 key X")
+    walk.field(32, pos - 32, "P_C", capture.hexline(c_sent[32:pos], 8), "random padding, 77..8128 bytes")
+    walk.field(pos, 16, "M_C", m_c.hex(), "H16(KEY, X'): where the server finds the end")
+    walk.field(pos + 16, 16, "MAC_C", c_sent[pos + 16:pos + 32].hex(),
+               'H16(KEY, X\' | P_C | M_C | E), E = "%s", the hour' % e.decode())
+    x_u = elligator2_direct(c_sent[:32])
+    print("  X = ell2(X') = %s" % walk.style("wire", x_u.hex()))
+    print("  A raw X25519 key is recognisable (it is a curve point, and half of all 32-byte strings")
+    print("  are not); every 32-byte string is the representative of some X. The client drew key")
+    print("  pairs until its X had a representative (about 2 tries), before the connection.")
+    walk.check(x_u == client._u, "ell2(X') is not the client's public key")
+
+    walk.title("The server's reply: Y' | AUTH | P_S | M_S | MAC_S, then the seed frame, one write")
+    m_s = obfs4.h16(key, s_sent[:32])
+    spos = s_sent.find(m_s, 64)
+    walk.check(spos > 0 and obfs4.h16(key, s_sent[:spos + 16] + e) == s_sent[spos + 16:spos + 32],
+               "MAC_S does not check out")
+    walk.field("offset", "length", "field", "on the wire", "meaning")
+    walk.field(0, 32, "Y'", capture.hexline(s_sent[:32], 8), "the server's representative")
+    walk.field(32, 32, "AUTH", capture.hexline(s_sent[32:64], 8), "proves the server holds b (below)")
+    walk.field(64, spos - 64, "P_S", capture.hexline(s_sent[64:spos], 8), "random padding, 0..8051 bytes")
+    walk.field(spos, 16, "M_S", m_s.hex(), "H16(KEY, Y')")
+    walk.field(spos + 16, 16, "MAC_S", s_sent[spos + 16:spos + 32].hex(),
+               "H16(KEY, Y' | AUTH | P_S | M_S | E), the client's E")
+    walk.field(spos + 32, 45, "seed frame", capture.hexline(s_sent[spos + 32:spos + 77], 8),
+               "a frame carrying the bridge's drbg-seed (below)")
+
+    y_u = elligator2_direct(s_sent[:32])
+    okm = ntor_section(walk, x_u, y_u, s_sent[32:64])
+    c_frames = frames_section(walk, "client -> server", c_sent[pos + 32:], okm[:72])
+    s_frames = frames_section(walk, "server -> client", s_sent[spos + 32:], okm[72:])
+    c_data = b"".join(p[3:3 + int.from_bytes(p[1:3], "big")] for *_, p in c_frames if p[0] == 0)
+    s_data = b"".join(p[3:3 + int.from_bytes(p[1:3], "big")] for *_, p in s_frames if p[0] == 0)
+    walk.check(c_data == MESSAGE and s_data == walk.exchange.echoed,
+               "the frames do not open to the message and its echo")
+    walk.check(s_frames[:1] and s_frames[0][4][0] == obfs4.PACKET_TYPE_PRNG_SEED
+               and s_frames[0][4][3:27] == identity.drbg_seed, "the seed frame does not carry the drbg-seed")
+    if walk.client.iat_mode == obfs4.IAT_NONE:    # 1 and 2 cut bursts into pieces: see below
+        table = walk.server.config.len_dist
+        lengths = [table.lo + value for value in table.values]
+        bursts = [len(piece) for piece in walk.exchange.client.pieces[1:]]
+        walk.check(all(burst % obfs4.MAXIMUM_SEGMENT_LENGTH in lengths for burst in bursts),
+                   "a burst of the client is not a length from the bridge's table")
+        print("  The client's bursts: %s bytes of frames; mod 1448: %s, lengths from the bridge's table."
+              % (", ".join(map(str, bursts)), ", ".join(str(b % obfs4.MAXIMUM_SEGMENT_LENGTH)
+                                                        for b in bursts)))
+    print("  Checked: every frame opened (Poly1305 tags), the payloads are the message and its echo,")
+    print("  and the server's first frame carries its drbg-seed, %s: the client's" % identity.drbg_seed.hex())
+    print("  padding now follows the bridge's length table, so all its clients look alike.")
+    iat_section(walk)
+
+
+def ntor_section(walk, x_u, y_u, auth_on_wire):
+    """EXP1, EXP2, KEY_SEED and AUTH as both ends computed them; returns the OKM."""
+    identity = walk.server.config.identity
+    walk.title("ntor: both ends reach KEY_SEED; AUTH proves the server knows b")
+    x, y, b = ephemeral_secret(walk.client), ephemeral_secret(walk.server), identity.private_key
+    c_exp1, c_exp2 = x25519(x, y_u), x25519(x, identity.public_key)
+    s_exp1, s_exp2 = x25519(y, x_u), x25519(b, x_u)
+    print("  client: EXP1 = X25519(x, Y) = %s" % c_exp1.hex())
+    print("          EXP2 = X25519(x, B) = %s" % c_exp2.hex())
+    print("  server: EXP1 = X25519(y, X) = %s" % s_exp1.hex())
+    print("          EXP2 = X25519(b, X) = %s" % s_exp2.hex())
+    walk.check((c_exp1, c_exp2) == (s_exp1, s_exp2), "the two ends computed different EXP1/EXP2")
+    try:
+        key_seed, auth = obfs4.ntor(c_exp1, c_exp2, identity.public_key, x_u, y_u, identity.node_id)
+    except obfs4.ProtocolError as exc:          # only if a value above is wrong
+        walk.check(False, str(exc))
+        key_seed, auth = bytes(32), bytes(32)
+    print("  secret_input = EXP1 | EXP2 | B | B | X | Y | PROTOID | NODEID")
+    print("  KEY_SEED = HMAC-SHA256(t_key, secret_input) = %s" % walk.style("wire", key_seed.hex()))
+    print("  AUTH = HMAC-SHA256(t_mac, HMAC-SHA256(t_verify, secret_input) | B | B | X | Y | ...)")
+    print("       = %s" % walk.style("wire", auth.hex()))
+    walk.check(auth == auth_on_wire, "AUTH is not the one on the wire")
+    print("  = bytes 32..63 of the reply: a server without b could not have computed EXP2, nor AUTH.")
+    okm = obfs4.kdf(key_seed)
+    print("  OKM = HKDF-SHA256(KEY_SEED, salt t_key, info m_expand), 144 bytes; each direction's 72:")
+    for label, part in (("client -> server", okm[:72]), ("server -> client", okm[72:])):
+        print("    %s: secretbox key %s" % (label, part[:32].hex()))
+        print("                      nonce prefix %s, length-mask DRBG seed %s"
+              % (part[32:48].hex(), part[48:72].hex()))
+    print("  x and y are gone when the connection is: whoever records the wire and later steals b")
+    print("  still lacks EXP1. That is forward secrecy.")
+    return okm
+
+
+def open_frames(wire, key72):
+    """[(offset, L_obf, mask, L, packet)] for each whole frame of one direction, opened
+    with that direction's 72 OKM bytes: L = L_obf XOR the next DRBG mask."""
+    box, drbg = SecretBox(key72[:32], key72[32:48]), HashDrbg(key72[48:72])
+    frames, pos = [], 0
+    while pos + 2 <= len(wire):
+        l_obf = int.from_bytes(wire[pos:pos + 2], "big")
+        mask = drbg.mask16()
+        length = l_obf ^ mask
+        if not obfs4.MIN_FRAME_LENGTH <= length <= obfs4.MAX_FRAME_LENGTH or pos + 2 + length > len(wire):
+            break
+        try:
+            packet = bytes(box.open(len(frames) + 1, bytes(wire[pos + 2:pos + 2 + length])))
+        except ValueError:
+            break
+        frames.append((pos, l_obf, mask, length, packet))
+        pos += 2 + length
+    return frames
+
+
+def frames_section(walk, label, wire, key72):
+    frames = open_frames(wire, key72)
+    walk.title("The frames, %s (%d bytes after the handshake)" % (label, len(wire)))
+    print("    offset  L_obf  mask  L = L_obf XOR mask  the packet (L - 16 bytes): type | n | payload "
+          "| zeros")
+    for pos, l_obf, mask, length, packet in frames[:SHOW_FRAMES]:
+        kind, n = packet[0], int.from_bytes(packet[1:3], "big")
+        what = {0: "payload", 1: "PRNG seed"}.get(kind, "unknown")
+        print("    %6d  %04x   %04x  %4d                type %d (%s), n = %d, %d zero bytes"
+              % (pos, l_obf, mask, length, kind, what, n, len(packet) - 3 - n))
+    if len(frames) > SHOW_FRAMES:
+        print("    ... %d more frames" % (len(frames) - SHOW_FRAMES))
+    walk.check(sum(2 + f[3] for f in frames) == len(wire), "the %s bytes are not whole frames" % label)
+    print("  Each frame on the wire is 2 + L bytes. The 2-byte length is masked by a SipHash DRBG")
+    print("  seeded from OKM: the wire shows no frame boundary. Type-0 packets with n = 0 are pure")
+    print("  padding: each burst is padded to a length drawn from the bridge's table (lenDist).")
+    return frames
+
+
+def iat_section(walk):
+    client = walk.exchange.client
+    mode = walk.client.iat_mode
+    walk.title("What iat-mode %d did to the client's writes" % mode)
+    sizes = [len(piece) for piece in client.pieces[1:]]
+    print("  after the handshake the client produced %d piece(s): %s bytes"
+          % (len(sizes), ", ".join(map(str, sizes))))
+    if mode == obfs4.IAT_NONE:
+        print("  iat-mode 0: one write per send(), the data frames and their padding frames together;")
+        print("  the timing is the application's. --iat-mode=1 or 2 changes that (try it).")
+    else:
+        print("  and waited after each: %s" % ", ".join(capture.duration(d) for d in client.delays))
+        print("  iat-mode %d: %s," % (mode, "the padded burst cut into pieces of at most 1448 bytes"
+                                      if mode == obfs4.IAT_ENABLED else
+                                      "every piece exactly one lenDist sample long, padding included"))
+        print("  each followed by a pause drawn from the bridge's IAT table (0..10 ms): the writes no")
+        print("  longer show the application's timing or write sizes.")
+        walk.check(all(size <= obfs4.MAXIMUM_SEGMENT_LENGTH for size in sizes) or mode != obfs4.IAT_ENABLED,
+                   "an iat-mode 1 piece is longer than 1448 bytes")
+
+
+WALKS = {"dummy": walk_dummy, "obfs2": walk_obfs2, "obfs3": walk_obfs3, "obfs4": walk_obfs4}

@@ -1,0 +1,443 @@
+"""Tests for demo.py, the annotated walk through one connection, and for the worked
+examples of docs/PROTOCOL.md, its written companion.
+
+Each demo runs with --record-dir, so the test holds the real wire bytes; every value the
+demo prints is then recomputed here from those bytes with hashlib, hmac, AES and
+pow() (obfs2, obfs3) or with the primitives of obfs4_crypto, which have their own
+known-answer tests (obfs4). Nothing expected is taken from obfs2.py, obfs3.py or obfs4.py.
+"""
+
+import base64
+import hashlib
+import hmac
+import io
+import os
+import re
+import struct
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+from Crypto.Cipher import AES
+from support import PROGRAM, ROOT, load_vectors
+
+import demo
+import proxy
+from obfs4_crypto import HashDrbg, WeightedDist, elligator2_direct, secretbox_open
+
+P = int(
+    "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"
+    "EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED"
+    "EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE45B3DC2007CB8A163BF0598DA48361C55D39A69163FA8FD24CF5F"
+    "83655D23DCA3AD961C62F356208552BB9ED529077096966D670C354E4ABC9804F1746C08CA237327FFFFFFFFFFFFFFFF", 16)
+PROTOID = b"ntor-curve25519-sha256-1"
+
+
+def run(*args, env=None, timeout=60):
+    """``obfsproxy.py args`` as a subprocess: (exit status, stdout, stderr)."""
+    done = subprocess.run([sys.executable, PROGRAM, *args], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=timeout)
+    return done.returncode, done.stdout, done.stderr
+
+
+def wire(record_dir):
+    """(client -> server, server -> client) bytes, as the demo's client recorded them."""
+    initiator, = Path(record_dir).glob("*-client-*.initiator.bin")
+    responder, = Path(record_dir).glob("*-client-*.responder.bin")
+    return initiator.read_bytes(), responder.read_bytes()
+
+
+def aes_ctr(m, data):
+    return AES.new(m[:16], AES.MODE_CTR, nonce=b"", initial_value=m[16:]).decrypt(data)
+
+
+def HMAC(key, message):
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def hexdump_rows(out, heading):
+    """The hex bytes of the hexdump printed right after the line ending in ``heading``."""
+    block = out.split(heading, 1)[1]
+    rows = re.findall(r"\n +[0-9a-f]{8}  ([0-9a-f ]+?) *\|", block.split("\n  the", 1)[0])
+    return bytes.fromhex("".join(rows).replace(" ", ""))
+
+
+# --- obfs2 ----------------------------------------------------------------------------
+
+def mac(label, data, secret=None, iterations=1):
+    """obfs2's MAC, written independently of obfs2.py."""
+    if secret is None:
+        return hashlib.sha256(label + data + label).digest()
+    m = label + data + hashlib.sha256(secret).digest() + label
+    for _ in range(iterations):
+        m = hashlib.sha256(m).digest()
+    return m
+
+
+def parse_demo(out):
+    seeds = dict(re.findall(r"(INIT_SEED|RESP_SEED) = ([0-9a-f]{32})", out))
+    keys = {name: bytes.fromhex(key + iv) for name, key, iv in re.findall(
+        r"(INIT_PAD|RESP_PAD|INIT_SECRET|RESP_SECRET) += .*\n +key ([0-9a-f]{32})  IV ([0-9a-f]{32})", out)}
+    fields = re.findall(r"\n +(\d+) +(\d+)  (SEED|MAGIC|PADLEN|padding|data) +(.*)", out)
+    return seeds, keys, fields
+
+
+def check_demo_fields(out, secret=None, iterations=1):
+    seeds, keys, fields = parse_demo(out)
+    init_seed, resp_seed = bytes.fromhex(seeds["INIT_SEED"]), bytes.fromhex(seeds["RESP_SEED"])
+    # The key schedule as printed is the spec's, computed here with hashlib.
+    expected = {
+        "INIT_PAD": mac(b"Initiator obfuscation padding", init_seed, secret, iterations),
+        "RESP_PAD": mac(b"Responder obfuscation padding", resp_seed, secret, iterations),
+        "INIT_SECRET": mac(b"Initiator obfuscated data", init_seed + resp_seed, secret, iterations),
+        "RESP_SECRET": mac(b"Responder obfuscated data", init_seed + resp_seed, secret, iterations),
+    }
+    assert keys == expected
+    # Each side's handshake message, field by field, as it crossed the wire.
+    assert [f[2] for f in fields] == ["SEED", "MAGIC", "PADLEN", "padding", "data"] * 2
+    for side, (seed, pad) in enumerate(((init_seed, "INIT_PAD"), (resp_seed, "RESP_PAD"))):
+        seed_row, magic_row, padlen_row, padding_row, data_row = fields[side * 5:side * 5 + 5]
+        assert seed_row[:2] == ("0", "16") and seed_row[3].startswith(seed.hex())
+        on_wire = bytes.fromhex(magic_row[3].split("E(")[0].replace(" ", "") +
+                                padlen_row[3].split("E(")[0].replace(" ", ""))
+        magic, padlen = struct.unpack(">II", aes_ctr(keys[pad], on_wire))
+        assert magic == 0x2BF5CA7E and "-> 2b f5 ca 7e = MAGIC_VALUE" in magic_row[3]
+        assert padlen_row[3].endswith("= %d" % padlen)
+        assert padding_row[:2] == ("24", str(padlen))
+        assert data_row[0] == str(24 + padlen)
+    return keys
+
+
+def test_obfs2_demo_walks_through_every_field(tmp_path):
+    status, out, err = run("demo", "--record-dir=" + str(tmp_path))
+    assert status == 0, err
+    assert "\x1b[" not in out                       # not a terminal: no colour
+    keys = check_demo_fields(out)
+    c_wire, _ = wire(tmp_path)
+    assert c_wire.startswith(bytes.fromhex(parse_demo(out)[0]["INIT_SEED"]))
+    # The first application bytes: in clear, and as sent (E(INIT_SECRET, message)).
+    clear = hexdump_rows(out, "in clear:")
+    sent = hexdump_rows(out, "the client sent them as E(INIT_SECRET, message):")
+    assert clear[:3] == b"\x16\x03\x01" and clear == demo.MESSAGE[:48]
+    assert aes_ctr(keys["INIT_SECRET"], sent) == clear
+    assert c_wire.endswith(aes_ctr(keys["INIT_SECRET"], demo.MESSAGE))
+    # What a string-matching filter would have seen.
+    assert re.search(r"TLS record header 16 03 01 +offset 0 +not found", out)
+    assert "MATCH" not in out
+    assert "spec erratum 1" in out and "OK: the message crossed the tunnel" in out
+    assert re.search(r"\n    flagged  popcount [\d.]+ bits/byte", out)
+    assert "read it: both seeds are in clear" in out
+
+
+def test_obfs2_demo_with_shared_secret_shows_the_cost():
+    status, out, err = run("demo", "--shared-secret=s3cret", "--ss-hash-iterations=1000")
+    assert status == 0, err
+    check_demo_fields(out, secret=b"s3cret", iterations=1000)
+    assert "H(SECRET) = %s" % hashlib.sha256(b"s3cret").hexdigest() in out
+    assert "H^n(s | INIT_SEED | H(SECRET) | s)" in out
+    assert "4000 SHA-256" in out and "multiplies the cost by 1000" in out
+    assert "4 x 1000 = 4000 to read it" in out
+
+
+def test_dummy_demo_shows_the_signatures():
+    status, out, err = run("demo", "--transport=dummy")
+    assert status == 0, err
+    assert re.search(r"TLS record header 16 03 01 +offset 0 +offset 0: MATCH", out)
+    assert re.search(r"\n    exempt \(Ex\d\)  popcount", out)      # plain TLS bytes: not fully encrypted
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+@pytest.mark.parametrize("no_color", [None, "1"])
+def test_demo_colours_only_a_terminal(no_color):
+    import pty
+    env = dict(os.environ, TERM="xterm")
+    env.pop("NO_COLOR", None)
+    if no_color:
+        env["NO_COLOR"] = no_color
+    master, slave = pty.openpty()
+    process = subprocess.Popen([sys.executable, PROGRAM, "demo"], stdin=subprocess.DEVNULL,
+                               stdout=slave, stderr=subprocess.PIPE, env=env, cwd=str(ROOT))
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:                               # EIO: the terminal's other end closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    assert process.wait(30) == 0
+    out = b"".join(chunks)
+    assert b"OK" in out
+    assert (b"\x1b[" in out) == (no_color is None)
+
+
+# --- obfs3 ----------------------------------------------------------------------------
+
+def hex_block(out, heading):
+    """The lines of bare hex printed right after the line ending in ``heading``."""
+    lines = out.split(heading, 1)[1].split("\n")[1:]
+    rows = []
+    for line in lines:
+        if not re.fullmatch(r" +[0-9a-f]+", line):
+            break
+        rows.append(line.strip())
+    return bytes.fromhex("".join(rows))
+
+
+def field_rows(out, heading):
+    """{field: (offset, length, shown bytes)} of the table after ``heading``."""
+    block = out.split(heading, 1)[1].split("\n  The", 1)[0]
+    rows = re.findall(r"\n +(\d+) +(\d+)  (\S+(?: \S+)?) +((?:[0-9a-f]{2} )+(?:\.\.\.)?|[0-9a-f]{32})", block)
+    return {name: (int(offset), int(length), bytes.fromhex(shown.replace(" ", "").replace("...", "")))
+            for offset, length, name, shown in rows}
+
+
+def test_obfs3_demo_shows_what_crossed_the_wire(tmp_path):
+    status, out, err = run("demo", "--transport=obfs3", "--record-dir=" + str(tmp_path))
+    assert status == 0, err + out
+    c_wire, s_wire = wire(tmp_path)
+    X = hex_block(out, "client -> server: X, 192 bytes, then PAD1 = ")
+    Y = hex_block(out, "server -> client: Y, 192 bytes, then PAD1 = ")
+    assert (X, Y) == (c_wire[:192], s_wire[:192])
+    # The Legendre symbol the demo reports, computed here with pow().
+    for name, value in (("X", X), ("Y", Y)):
+        square = pow(int.from_bytes(value, "big"), (P - 1) // 2, P) == 1
+        assert ("%s is %s" % (name, "a square (+1" if square else "not a square (-1")) in out
+    # The keys are HMAC-SHA256 of the printed shared secret; the magics sit in the wire.
+    secret = hex_block(out, "SHARED_SECRET = Y^x mod p (the client) = X^y mod p (the server), 192 bytes:")
+    assert len(secret) == 192
+    keys = {label: HMAC(secret, text) for label, text in (
+        ("INIT_SECRET", b"Initiator obfuscated data"), ("RESP_SECRET", b"Responder obfuscated data"),
+        ("INIT_MAGIC", b"Initiator magic"), ("RESP_MAGIC", b"Responder magic"))}
+    for label, value in keys.items():
+        assert re.search(r"%s += %s\n" % (label, value.hex()), out)
+    for heading, stream, magic, data_key, text in (
+            ("The client's stream:", c_wire, "INIT_MAGIC", "INIT_SECRET", demo.MESSAGE),
+            ("The server's stream:", s_wire, "RESP_MAGIC", "RESP_SECRET", demo.MESSAGE)):
+        rows = field_rows(out, heading)
+        assert rows["public value"][:2] == (0, 192)
+        pad1, pad2, mark, data = rows["PAD1"], rows["PAD2"], rows[magic], rows["data"]
+        assert pad1[0] == 192 and pad2[0] == 192 + pad1[1] and mark[0] == pad2[0] + pad2[1]
+        assert stream[mark[0]:mark[0] + 32] == keys[magic] and stream.find(keys[magic]) == mark[0]
+        assert stream[mark[0]:].startswith(mark[2]) and stream[pad1[0]:].startswith(pad1[2])
+        assert data == (mark[0] + 32, len(stream) - mark[0] - 32, stream[mark[0] + 32:mark[0] + 40])
+        assert aes_ctr(keys[data_key], stream[mark[0] + 32:]) == text
+        assert "found after %d bytes" % (pad1[1] + pad2[1]) in out.split(heading, 1)[1]
+        assert 0 <= pad1[1] <= 4097 and 0 <= pad2[1] <= 4097
+    assert "Checked: INIT_SECRET and RESP_SECRET decrypt" in out
+    assert re.search(r"\n    flagged  popcount", out) or re.search(r"\n    exempt \(Ex2\)", out)
+    assert "a man in the middle runs UniformDH with each side" in " ".join(out.split())
+
+
+# --- obfs4 ----------------------------------------------------------------------------
+
+def ref_hkdf(ikm, salt, info, length):
+    """RFC 5869: PRK = HMAC(salt, IKM); T(i) = HMAC(PRK, T(i-1) | info | i)."""
+    prk, t, okm = HMAC(salt, ikm), b"", b""
+    for i in range(1, (length + 31) // 32 + 1):
+        t = HMAC(prk, t + info + bytes([i]))
+        okm += t
+    return okm[:length]
+
+
+def ref_frames(data, key72):
+    """(offset, L_obf, mask, L, packet) of each frame of one direction (obfs4-spec 2.8)."""
+    drbg, out, pos = HashDrbg(key72[48:72]), [], 0
+    while pos < len(data):
+        mask = int.from_bytes(drbg.next_block()[:2], "big")
+        l_obf = int.from_bytes(data[pos:pos + 2], "big")
+        length = l_obf ^ mask
+        nonce = key72[32:48] + (len(out) + 1).to_bytes(8, "big")
+        packet = secretbox_open(key72[:32], nonce, data[pos + 2:pos + 2 + length])
+        out.append((pos, l_obf, mask, length, bytes(packet)))
+        pos += 2 + length
+    return out
+
+
+def check_frames(out, heading, frames):
+    shown = re.findall(r"\n +(\d+)  ([0-9a-f]{4})   ([0-9a-f]{4})  +(\d+) +type (\d) \([^)]*\), n = (\d+), "
+                       r"(\d+) zero bytes", out.split(heading, 1)[1].split("\n\n", 1)[0])
+    assert len(shown) == min(len(frames), demo.SHOW_FRAMES)
+    for row, (pos, l_obf, mask, length, packet) in zip(shown, frames):
+        n = int.from_bytes(packet[1:3], "big")
+        assert row == (str(pos), "%04x" % l_obf, "%04x" % mask, str(length), str(packet[0]), str(n),
+                       str(len(packet) - 3 - n))
+
+
+@pytest.mark.parametrize("iat_mode", [0, 1, 2])
+def test_obfs4_demo_shows_what_crossed_the_wire(tmp_path, iat_mode):
+    status, out, err = run("demo", "--transport=obfs4", "--iat-mode=%d" % iat_mode,
+                           "--record-dir=" + str(tmp_path))
+    assert status == 0, err + out
+    c_wire, s_wire = wire(tmp_path)
+    cert = re.search(r"cert   = base64\(NODEID \| B\) = (\S+)", out).group(1)
+    raw = base64.b64decode(cert + "==")
+    node_id, B = raw[:20], raw[20:]
+    key = B + node_id
+    assert "NODEID = %s" % node_id.hex() in out and "B      = %s" % B.hex() in out
+
+    client = field_rows(out, "The client's handshake")
+    pos = client["M_C"][0]
+    assert client["X'"] == (0, 32, c_wire[:8]) and client["P_C"][:2] == (32, pos - 32)
+    assert client["M_C"][2] == c_wire[pos:pos + 16] == HMAC(key, c_wire[:32])[:16]
+    e = re.search(r'E = "(\d+)", the hour', out).group(1).encode()
+    assert client["MAC_C"][2] == c_wire[pos + 16:pos + 32] == HMAC(key, c_wire[:pos + 16] + e)[:16]
+    server = field_rows(out, "The server's reply")
+    spos = server["M_S"][0]
+    assert server["Y'"] == (0, 32, s_wire[:8]) and server["AUTH"][:2] == (32, 32)
+    assert server["M_S"][2] == s_wire[spos:spos + 16] == HMAC(key, s_wire[:32])[:16]
+    assert server["MAC_S"][2] == s_wire[spos + 16:spos + 32] == HMAC(key, s_wire[:spos + 16] + e)[:16]
+    assert server["seed frame"][:2] == (spos + 32, 45)
+
+    # ntor: the printed EXP1 and EXP2 give the AUTH that the server put on the wire.
+    X, Y = elligator2_direct(c_wire[:32]), elligator2_direct(s_wire[:32])
+    assert "X = ell2(X') = %s" % X.hex() in out
+    exps = re.findall(r"(client|server): EXP1 = X25519\([xy], X?Y?\) = ([0-9a-f]{64})\n"
+                      r" +EXP2 = X25519\([xb], [BX]\) = ([0-9a-f]{64})", out)
+    assert len(exps) == 2 and exps[0][1:] == exps[1][1:]
+    suffix = B + B + X + Y + PROTOID + node_id
+    secret_input = bytes.fromhex(exps[0][1] + exps[0][2]) + suffix
+    key_seed = HMAC(PROTOID + b":key_extract", secret_input)
+    auth = HMAC(PROTOID + b":mac", HMAC(PROTOID + b":key_verify", secret_input) + suffix + b"Server")
+    assert auth == s_wire[32:64]
+    assert "KEY_SEED = HMAC-SHA256(t_key, secret_input) = %s" % key_seed.hex() in out
+    assert "       = %s" % auth.hex() in out
+    okm = ref_hkdf(key_seed, PROTOID + b":key_extract", PROTOID + b":key_expand", 144)
+    for part in (okm[:72], okm[72:]):
+        assert "secretbox key %s" % part[:32].hex() in out
+        assert "nonce prefix %s, length-mask DRBG seed %s" % (part[32:48].hex(), part[48:72].hex()) in out
+
+    # Every frame, opened here, is the row the demo printed; the payloads are the message.
+    c_frames, s_frames = ref_frames(c_wire[pos + 32:], okm[:72]), ref_frames(s_wire[spos + 32:], okm[72:])
+    check_frames(out, "The frames, client -> server", c_frames)
+    check_frames(out, "The frames, server -> client", s_frames)
+    for frames in (c_frames, s_frames):
+        payload = b"".join(p[3:3 + int.from_bytes(p[1:3], "big")] for *_, p in frames if p[0] == 0)
+        assert payload == demo.MESSAGE
+    seed = s_frames[0][4][3:27]
+    assert s_frames[0][4][:3] == b"\x01\x00\x18" and "carries its drbg-seed, %s" % seed.hex() in out
+    lengths = set(WeightedDist(seed, 0, 1448).values)
+
+    # What iat-mode did: the pieces the client wrote after its handshake.
+    sizes = [int(n) for n in re.search(r"produced \d+ piece\(s\): ([\d, ]+) bytes", out).group(1).split(", ")]
+    assert sum(sizes) == len(c_wire) - pos - 32
+    if iat_mode == 0:
+        assert all(size % 1448 in lengths for size in sizes) and "mod 1448" in out
+    else:
+        delays = re.search(r"waited after each: (.*)\n", out).group(1).split(", ")
+        assert len(delays) == len(sizes)
+        assert all(re.fullmatch(r"\d+ us|\d+\.\d ms", delay) for delay in delays)
+    if iat_mode == 1:
+        assert all(size <= 1448 for size in sizes)
+    if iat_mode == 2:
+        assert all(size in lengths for size in sizes)
+    assert "forward secrecy" in out and "OK: the message crossed the tunnel" in out
+
+
+def test_a_value_that_does_not_check_out_fails_the_demo(monkeypatch):
+    """The demo's checks can fail: if it decoded the representatives wrongly (only the demo
+    uses this name; the transports keep theirs), it says FAILED and exits with status 1."""
+    monkeypatch.setattr(demo, "elligator2_direct", lambda representative: bytes(range(32)))
+    out = io.StringIO()
+    with redirect_stdout(out):
+        status = demo.main("obfs4", {"iat-mode": "0"}, proxy.Settings())
+    assert status == 1
+    assert "FAILED: ell2(X') is not the client's public key" in out.getvalue()
+    assert "FAILED: AUTH is not the one on the wire" in out.getvalue()
+    assert "OK:" not in out.getvalue()
+
+
+def test_obfs3_demo_in_process_and_its_failure_path(monkeypatch):
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert demo.main("obfs3", {}, proxy.Settings()) == 0
+    monkeypatch.setattr(demo, "legendre", lambda value: 0)
+    with redirect_stdout(out):
+        assert demo.main("obfs3", {}, proxy.Settings()) == 1
+    assert "FAILED: a public value's Legendre symbol does not match its coin" in out.getvalue()
+
+
+# --- docs/PROTOCOL.md -------------------------------------------------------------------
+
+def doc_example(name):
+    """(script, shown output) of one worked example in docs/PROTOCOL.md."""
+    doc = (ROOT / "docs" / "PROTOCOL.md").read_text(encoding="utf-8")
+    script = re.search(r"<!-- %s-script -->\n```python\n(.*?)```" % name, doc, re.S).group(1)
+    shown = re.search(r"<!-- %s-output -->\n```\n(.*?)```" % name, doc, re.S).group(1)
+    return script, shown
+
+
+def doc_values(shown):
+    """{NAME: hex} of an example's output: ``NAME = hex`` lines, long values wrapped onto
+    indented lines of hex."""
+    return {name: re.sub(r"\s+", "", value)
+            for name, value in re.findall(r"^(\S+) += ([0-9a-f]+(?:\n +[0-9a-f]+)*)", shown, re.M)}
+
+
+def run_script(script):
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=str(ROOT), timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_obfs2_worked_example_in_the_docs_is_real():
+    """The doc's worked example is the output of the script printed beside it."""
+    script, shown = doc_example("worked-example")
+    assert run_script(script) == shown
+
+
+def test_obfs3_worked_example_in_the_docs_is_real():
+    script, shown = doc_example("obfs3-example")
+    assert run_script(script) == shown
+    # Its numbers are the published UniformDH known answer, and HMACs of it.
+    kat = load_vectors("obfs3.json")
+    derived = kat["derived_from_kat_shared_secret"]
+    values = doc_values(shown)
+    secret = bytes.fromhex(kat["uniformdh_kat"]["shared_secret"])
+    assert values["X"] == kat["uniformdh_kat"]["X"] and values["Y"] == kat["uniformdh_kat"]["Y"]
+    assert values["SHARED_SECRET"] == kat["uniformdh_kat"]["shared_secret"]
+    for label in ("INIT_SECRET", "RESP_SECRET", "INIT_MAGIC", "RESP_MAGIC"):
+        assert values[label] == derived[label]
+    assert values["INIT_MAGIC"] == HMAC(secret, b"Initiator magic").hex()
+    request = bytes.fromhex(values["request"])
+    assert aes_ctr(bytes.fromhex(derived["INIT_SECRET"]), request) == b"GET / HTTP/1.1\r\n"
+
+
+def test_obfs4_worked_example_in_the_docs_is_real():
+    script, shown = doc_example("obfs4-example")
+    assert run_script(script) == shown
+    # Its bytes are the session vector's, whose client handshake obfs4proxy 0.0.14 accepted.
+    session = load_vectors("obfs4-handshake.json")["session"]
+    values = doc_values(shown)
+    assert values["client_handshake"] == session["client_handshake"]
+    assert values["reply"] == session["server_reply_including_seed_frame"]
+    for name, field in (("M_C", "M_C"), ("MAC_C", "MAC_C"), ("M_S", "M_S"), ("MAC_S", "MAC_S"),
+                        ("KEY_SEED", "key_seed"), ("AUTH", "auth"), ("OKM", "okm144")):
+        assert values[name] == session[field], name
+    frames = session["client_to_server_frames"]
+    assert values["request"] == frames[0]["frame"] + frames[1]["frame"]
+    assert values["mask1"] == frames[0]["length_mask"]
+
+
+def test_detection_example_in_the_docs_is_real():
+    script, shown = doc_example("detection-example")
+    assert run_script(script) == shown
+    verdicts = dict(re.findall(r"^(.+?) +\d+ bytes  (flagged|exempt \(Ex\d\))", shown, re.M))
+    assert [verdicts["obfs%d handshake" % n] for n in (2, 3, 4)] == ["flagged"] * 3
+    assert verdicts["obfs4 after 6 printable bytes"] == "exempt (Ex2)"
+    assert verdicts["obfs4 after 3 TLS-like bytes"] == "exempt (Ex5)"
+    assert verdicts["obfs4 + 60 zero bytes"] == "exempt (Ex1)"
+
+
+def test_the_docs_detect_output_has_the_output_contract():
+    """The detect lines quoted in chapter 15 have the shape detect prints."""
+    doc = (ROOT / "docs" / "PROTOCOL.md").read_text(encoding="utf-8")
+    chapter = doc.split("## 15. Detection", 1)[1]
+    lines = re.findall(r"^  fully-encrypted test: (flagged|exempt \(Ex[1-5]\))  popcount", chapter, re.M)
+    assert lines == ["flagged"] * 3 + ["exempt (Ex1)"] * 2
