@@ -453,7 +453,8 @@ def test_help_is_for_users():
     commands = [line.strip() for line in text.split("Examples:", 1)[1].splitlines()
                 if "obfsproxy.py " in line and not line.strip().startswith("curl")]
     assert commands and all(line.startswith("python3 obfsproxy.py ") for line in commands), commands
-    assert "``" not in text and "_run" not in text and "relay" not in text, text[-600:]
+    for internal in ("``", "Proxy._run", "handle_socks_client", "upstream"):
+        assert internal not in text, (internal, text[-600:])
 
 
 # --- Printing commands end quietly when their reader goes away ------------------

@@ -732,10 +732,19 @@ def test_max_connections_refuses_cleanly_and_recovers(dest):
                 extra.settimeout(5)
                 assert extra.recv(1) == b""
         server.log.wait_for(r"refusing a connection.*--max-connections")
-        # One connection ends: the server takes tunnels again.
+        # One connection ends: the server takes tunnels again. Its slot is free
+        # just after its line is logged, so a tunnel tried at once may still be
+        # refused: try until one gets through.
         held.pop().close()
         server.log.wait_for(r"conn \d+ \(.*: (peer closed|Connection reset)")
-        with open_tunnel(client, server, "echo") as sock:
+
+        def tunnel_again():
+            try:
+                return open_tunnel(client, server, "echo")
+            except SocksReplyError:
+                return None
+
+        with wait_until(tunnel_again, 10, "a tunnel once a slot is free") as sock:
             sock.sendall(b"after the cap")
             sock.shutdown(socket.SHUT_WR)
             assert recv_all(sock) == b"after the cap"
