@@ -208,7 +208,7 @@ def parse_proxy_uri(text):
     except UnicodeError:
         raise ProxyURIError("the proxy URI is not valid UTF-8 text")
     except ValueError as exc:
-        raise ProxyURIError("%r is not a proxy URI: %s" % (text, exc))
+        raise ProxyURIError("not a proxy URI (TYPE://[USER[:PASS]@]HOST:PORT): %s" % exc)
     scheme = parts.scheme.lower()
     if scheme not in ("socks5", "socks4a", "http"):
         raise ProxyURIError("unsupported proxy type %r (socks5, socks4a or http)" % parts.scheme)
