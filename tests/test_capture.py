@@ -145,7 +145,8 @@ def check_figures(match, packet):
     assert float(match.group(3)) == pytest.approx(sum(bin(b).count("1") for b in packet) / len(packet),
                                                   abs=0.005 + 1e-9)   # printed to 2 decimals
     assert (match.group(4) == "printable") == all(printable[:6])
-    assert float(match.group(5)) == pytest.approx(100 * sum(printable) / len(packet), abs=0.05 + 1e-9)   # printed to 1 decimal
+    share = 100 * sum(printable) / len(packet)
+    assert float(match.group(5)) == pytest.approx(share, abs=0.05 + 1e-9)   # printed to 1 decimal
     assert int(match.group(6)) == longest
     rule = reference_rule(packet)
     assert match.group(1) == ("flagged" if rule is None else "exempt (%s)" % rule)
