@@ -216,3 +216,131 @@ def test_pool_size_zero_makes_no_pools():
     assert server.pools._pools == {}
     assert server.listeners[0][2].pools.taker("obfs4", True, None) is None
     server.listeners[0][0].close()
+
+
+# --- The Parking: quiet tunnels wait without a thread (proxy.py) ----------------------
+#
+# Closing thousands of idle tunnels at once used to wake thousands of threads together
+# (a minute and ~100 CPU-s for 5,000, with SIGTERM unanswered meanwhile). Now a relay
+# quiet for PARK_AFTER hands its sockets to one poller thread and frees its own.
+
+def socks_echo(client_address, dest_address, payload=b"hello"):
+    from support import recv_exact, socks5_connect
+    sock = socks5_connect(client_address, dest_address)
+    sock.sendall(payload)
+    assert recv_exact(sock, len(payload)) == payload
+    return sock
+
+
+def conn_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("conn-")]
+
+
+@pytest.fixture
+def pair(monkeypatch):
+    """An in-process dummy server and SOCKS client in front of an echo service, with
+    a short PARK_AFTER: (client address, echo address, server Proxy, client Proxy)."""
+    from support import EchoServer
+    monkeypatch.setattr(proxy, "PARK_AFTER", 0.05)
+    echo = EchoServer(backlog=512)
+    server, client = proxy.Proxy(pool_size=0), proxy.Proxy(pool_size=0)
+    server_address = server.listen(("127.0.0.1", 0), proxy.handle_server,
+                                   proxy.Settings(transport="dummy", dest=echo.address))
+    client_address = client.listen(("127.0.0.1", 0), proxy.handle_socks_client,
+                                   proxy.Settings(transport="dummy"))
+    for each in (server, client):
+        threading.Thread(target=each.serve, daemon=True).start()
+        each.ready.wait(10)
+    if server.parking is None:
+        pytest.skip("no epoll here: nothing parks")
+    yield client_address, server_address, server, client
+    for each in (server, client):
+        each.stop()
+    echo.close()
+
+
+def test_a_quiet_tunnel_parks_and_still_carries_data_both_ways(pair):
+    from support import recv_exact
+    client_address, server_address, server, client = pair
+    sock = socks_echo(client_address, server_address)
+    wait_until(lambda: len(server.parking) == 1 and len(client.parking) == 1, what="both ends parked")
+    sock.sendall(b"after parking")                       # one step on the poller, parked again
+    assert recv_exact(sock, 13) == b"after parking"
+    big = bytes(range(256)) * 4096                       # 1 MiB: a thread again, then parked
+    writer = threading.Thread(target=sock.sendall, args=(big,), daemon=True)
+    writer.start()
+    assert recv_exact(sock, len(big)) == big
+    writer.join(10)
+    wait_until(lambda: len(server.parking) == 1 and len(client.parking) == 1, what="parked again")
+    sock.close()
+    wait_until(lambda: server.live == 0 and client.live == 0, what="the tunnel ended on both")
+    assert len(server.parking) == 0 and len(client.parking) == 0
+
+
+def test_closing_many_parked_tunnels_at_once_wakes_no_thread_per_tunnel(pair):
+    client_address, server_address, server, client = pair
+    socks = [socks_echo(client_address, server_address, b"x") for _ in range(150)]
+    wait_until(lambda: len(server.parking) == 150 and len(client.parking) == 150, what="all parked")
+    wait_until(lambda: len(conn_threads()) <= 2 * proxy.Proxy.SPARE_THREADS + 2, timeout=15,
+               what="their threads gone")
+    peak = [0]
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], len(conn_threads()))
+            time.sleep(0.001)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    for sock in socks:
+        sock.close()
+    wait_until(lambda: server.live == 0 and client.live == 0, timeout=30, what="every tunnel ended")
+    done.set()
+    watcher.join(5)
+    assert peak[0] <= 2 * proxy.Proxy.SPARE_THREADS + 2, "%d connection threads woke" % peak[0]
+
+
+def test_a_tunnel_that_cannot_park_carries_on_with_its_thread(pair, monkeypatch):
+    from support import recv_exact
+    monkeypatch.setattr(proxy.Parking, "park", lambda self, tunnel: False)
+    client_address, server_address, server, client = pair
+    sock = socks_echo(client_address, server_address)
+    time.sleep(0.3)                                      # several PARK_AFTER quiet spells
+    sock.sendall(b"still here")
+    assert recv_exact(sock, 10) == b"still here"
+    assert len(server.parking) == 0
+    sock.close()
+    wait_until(lambda: server.live == 0 and client.live == 0, what="the tunnel ended")
+
+
+@pytest.mark.slow
+def test_sigterm_is_answered_while_thousands_of_tunnels_close():
+    """3,000 idle tunnels through a real client and server, all closed at once, then
+    SIGTERM to both: they exit within seconds (they used to spend half a minute
+    waking 3,000 threads, deaf to SIGTERM meanwhile)."""
+    import resource
+    import signal
+
+    from support import EchoServer, Proxy, fmt, socks5_connect
+    count = 3000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 3 * count + 200:
+        pytest.skip("needs %d descriptors (ulimit -Hn is %d)" % (3 * count + 200, hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * count + 200)), hard))
+    limit = "--max-connections=%d" % (count + 50)
+    with EchoServer(backlog=1024) as echo, \
+            Proxy("server", "--transport=dummy", "--dest=" + fmt(echo.address), limit,
+                  "127.0.0.1:0") as server, \
+            Proxy("client", "--transport=dummy", limit, "127.0.0.1:0") as client:
+        socks = [socks5_connect(client.address, server.address) for _ in range(count)]
+        time.sleep(3 * proxy.PARK_AFTER)                 # all quiet: parked
+        for sock in socks:
+            sock.close()
+        began = time.monotonic()
+        for each in (client, server):
+            each.process.send_signal(signal.SIGTERM)
+        for each in (client, server):
+            each.process.wait(30)
+        took = time.monotonic() - began
+        print("\nSIGTERM during the close of %d tunnels: both exited in %.2f s" % (count, took))
+        assert took < 5, "exit took %.1f s" % took
