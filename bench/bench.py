@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""bench.py: obfsproxy.py against Debian's obfs4proxy (Go), both speaking obfs2.
+"""bench.py: obfsproxy.py against Debian's obfs4proxy (Go), transport by transport.
 
 Run it from anywhere (it finds obfsproxy.py next to this directory):
 
-    python bench/bench.py --quick      # small and fast (under a minute): does it all work?
+    python bench/bench.py --quick      # small and fast (a few minutes): does it all work?
     python bench/bench.py              # the full run: 256 MiB streams, 1,000 connections
     python bench/bench.py --json bench/results/run.json | tee bench/results/run.txt
 
 Other options: --size-mib N, --connections N, --secret-connections N, --tunnels N,
---repeat N, --setups NAME,NAME, --skip-obfs4proxy, --obfsproxy PATH, --profile DIR
-(``--help`` says what each does).
+--repeat N, --settle S, --setups NAME,NAME, --skip-obfs4proxy, --obfsproxy PATH,
+--profile DIR (``--help`` says what each does).
 
 What runs
 ---------
@@ -20,18 +20,22 @@ in each phase (bulk round 1 for every setup, round 2 ..., then setup rate for ev
 setup, ...), so that ours and obfs4proxy are measured close together in time; at the
 end each is stopped the way it expects (ours: SIGTERM; obfs4proxy: its stdin is closed)::
 
-    generator --SOCKS5--> client ==obfs2==> server --plain--> sink
+    generator --SOCKS5--> client ==transport==> server --plain--> sink
 
-    ours-obfs2   python obfsproxy.py client  ->  python obfsproxy.py server
-    o4p-obfs2    obfs4proxy client -> obfs4proxy server (managed mode, TOR_PT_* variables)
-    ours-dummy   ours with --transport=dummy: the relay without obfs2's AES
-    ours-to-o4p  our client -> obfs4proxy's server
-    o4p-to-ours  obfs4proxy's client -> our server
-    direct       no tunnel, generator -> sink: the ceiling of this machine and harness
+    ours-obfsN       python obfsproxy.py client  ->  python obfsproxy.py server, N = 2, 3, 4
+    o4p-obfsN        obfs4proxy client -> obfs4proxy server (managed mode, TOR_PT_* variables)
+    ours-dummy       ours with --transport=dummy: the relay alone, no obfuscation
+    direct           no tunnel, generator -> sink: the ceiling of this machine and harness
+  and, only when named in --setups:
+    ours-to-o4p-obfsN, o4p-to-ours-obfsN   one end each (interoperability under load)
+    ours-obfsN-nopool  ours with OBFSPROXY_POOL_SIZE=0: what the handshake pools buy
 
-Our proxies' ports are read from their "listening on HOST:PORT" log line, obfs4proxy's
-from its SMETHOD/CMETHOD line. SOCKS5 is spoken strictly (greeting, wait for 05 00,
-CONNECT, wait for the reply), which both clients accept.
+The default run is ours and obfs4proxy for obfs2, obfs3 and obfs4 (iat-mode 0), our dummy
+and direct. Our proxies' ports are read from their "listening on HOST:PORT" log line (an
+obfs4 server's cert from its "bridge line for clients" line), obfs4proxy's from its
+SMETHOD/CMETHOD line (the cert from SMETHOD's ARGS). SOCKS5 is spoken strictly (greeting,
+wait for the reply, CONNECT, wait for the reply); obfs4's cert and iat-mode go to either
+client as the SOCKS5 username/password, as Tor sends them (pt-spec 3.5).
 
 What is measured (the rows of the first table)
 -----------------------------------------------
@@ -51,10 +55,10 @@ CPU s/GiB user+system CPU seconds of the two tunnel processes (/proc/PID/stat) p
           "harness CPU s/GiB" is the same for the generator and the sink: it shows how
           much of the 2 cores the harness itself takes.
 setup     --connections (default 1,000) sequential connections, each: TCP connect,
-          SOCKS5 greeting and CONNECT, the obfs2 handshake (both clients reply only
-          after it), a 16-byte echo through the sink, close. conn/s over all of them;
-          p50/p99 of one connection's time in ms. The setups take turns in 10 rounds;
-          5 warm-up connections are not counted. "secret": the same with
+          SOCKS5 greeting and CONNECT, the transport's handshake (every client replies
+          only after it), a 16-byte echo through the sink, close. conn/s over all of
+          them; p50/p99 of one connection's time in ms. The setups take turns in 10
+          rounds; 5 warm-up connections are not counted. "secret": obfs2 with
           --shared-secret at the default 100,000 hash iterations, ours only (obfs4proxy
           has no shared-secret mode), with fewer connections (--secret-connections,
           default 50) because each costs both ends 4 x 100,000 SHA-256.
@@ -62,19 +66,28 @@ tunnels   --tunnels (default 1,000) tunnels opened at once (SOCKS + handshake + 
           echo each; "open s"), then, all still open, every one echoes its own 64 KiB at
           the same time ("echo s"), each checked by SHA-256 ("ok").
 memory    RSS of client and server just after start, with all --tunnels tunnels open and
-          idle (VmRSS), and the peak (VmHWM, /proc/PID/status) after the bulk streams and
-          over the whole setup (the tunnels' 64 KiB echoes come last).
+          idle for --settle seconds (default 3: our tunnels quiet for a second give their
+          thread back, proxy.PARK_AFTER), and the peak (VmHWM, /proc/PID/status) after
+          the bulk streams and over the whole setup (the tunnels' 64 KiB echoes come last).
 other processes' CPU %   the CPU that processes outside this benchmark used while this
           setup was being measured, in % of the machine (/proc/stat minus our own
           processes): the noise. The line above the table gives it for the whole run.
+
+For obfs4 the run also measures, in this process and between the bulk rounds, the
+per-frame ceiling: seal + open of one 1430-byte packet with the checkout's obfs4_crypto
+(best of 5), i.e. the MB/s a tunnel would reach if framing, the length masks and the relay
+cost nothing; and a connected Obfs4 pair sending and receiving 4 MiB in memory on one core.
+The routes obfs4_crypto and obfs3 chose at import (pycryptodome or pure Python) are printed.
 
 Without /proc (not Linux) the CPU and memory figures print as n/a.
 
 How to read it
 --------------
-The second table divides ours-obfs2 by o4p-obfs2 and checks the targets of issue 5:
-bulk up and down >= 1.5x, CPU per GiB <= 0.6x, setup rate >= 1.0x and p99 no worse,
-1,000 concurrent tunnels byte-exact, idle RSS < 150 MiB per process.
+One ratio table per transport divides ours by obfs4proxy's and checks the targets of
+issue 12: obfs2 and obfs3 bulk up and down >= 1.5x, CPU per GiB <= 0.6x, setup rate
+>= 1.0x and p99 no worse, 1,000 concurrent tunnels byte-exact, idle RSS < 150 MiB per
+process (obfs3 also <= 0.5x); obfs4 bulk >= 0.25x and >= 90% of the per-frame ceiling,
+setup rate >= 1.0x, p99 no worse, RSS <= 0.5x.
 
 Only the ratios within one run mean much. This is a 2-core machine shared with other
 people's test runs: absolute figures move a lot between runs, and 4 busy processes
@@ -119,6 +132,7 @@ SOCKET_TIMEOUT = 120.0                      # no single socket operation may blo
 LISTENING = re.compile(r"listening on (\[[0-9a-fA-F:.]+\]|[^ ]+):(\d+)")
 SECRET = "bench-shared-secret"
 SETUP_ROUNDS = 10                           # the setup test takes turns in this many rounds
+TRANSPORTS = ("obfs2", "obfs3", "obfs4")    # each measured against obfs4proxy's own
 
 
 # --- Test data ---------------------------------------------------------------------
@@ -234,6 +248,9 @@ def sink_serve(conn):
 
 
 def sink_main():
+    """Serve each connection on a thread, reusing idle ones: starting a thread per
+    connection put about a millisecond of the sink's own latency (and its noise) into
+    every sequential setup measured through it."""
     threading.stack_size(256 * 1024)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
@@ -244,9 +261,25 @@ def sink_main():
         sys.stdin.read()
         os._exit(0)
     threading.Thread(target=exit_on_stdin_eof, daemon=True).start()
+    jobs, idle, lock = queue.SimpleQueue(), [0], threading.Lock()
+
+    def worker(conn):
+        while True:
+            sink_serve(conn)
+            with lock:
+                idle[0] += 1
+            conn = jobs.get()
+
     while True:
         conn, _ = listener.accept()
-        threading.Thread(target=sink_serve, args=(conn,), daemon=True).start()
+        with lock:
+            reuse = idle[0] > 0
+            if reuse:
+                idle[0] -= 1
+        if reuse:
+            jobs.put(conn)
+        else:
+            threading.Thread(target=worker, args=(conn,), daemon=True).start()
 
 
 # --- /proc readings (None where there is no /proc) ---------------------------------------
@@ -338,9 +371,10 @@ class Child:
 
     running = set()              # every Child not yet stopped, for the CPU accounting
 
-    def __init__(self, label, process, address, output, stop_by_stdin):
+    def __init__(self, label, process, address, output, stop_by_stdin, args=None):
         self.label, self.process, self.address = label, process, address
         self.output, self.stop_by_stdin = output, stop_by_stdin
+        self.args = args or {}     # a server's arguments for its clients (obfs4: cert, iat-mode)
         Child.running.add(self)
 
     @property
@@ -363,38 +397,52 @@ class Child:
         return self.process.returncode
 
 
-def start_ours(program, role, transport, dest=None, extra=()):
+BRIDGE_LINE = re.compile(r"bridge line for clients: Bridge (.*)$")
+
+
+def start_ours(program, role, transport, dest=None, extra=(), state_dir=None, env=None):
+    """Our client or server. An obfs4 server gets --state-dir, and its bridge line's
+    arguments (cert=..., iat-mode=0) become the Child's ``args``."""
     argv = [sys.executable, program, role, "--transport=" + transport]
     if dest is not None:
         argv.append("--dest=%s:%d" % dest)
+    if role == "server" and transport == "obfs4":
+        argv.append("--state-dir=" + os.path.join(state_dir, "ours-server-state"))
     argv += list(extra) + ["127.0.0.1:0"]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True,
+                               stderr=subprocess.PIPE, text=True, env=env,
                                cwd=os.path.dirname(os.path.abspath(program)))
     output = Lines(process.stderr)
+    args = {}
     try:
         match = output.wait_for(LISTENING)
+        if role == "server" and transport == "obfs4":
+            line = output.wait_for(BRIDGE_LINE).group(1)
+            args = dict(word.split("=", 1) for word in line.split() if "=" in word)
     except RuntimeError:
         process.kill()
         process.wait()
         raise
     return Child("ours " + role, process, (match.group(1).strip("[]"), int(match.group(2))),
-                 output, stop_by_stdin=False)
+                 output, stop_by_stdin=False, args=args)
 
 
 O4P_FAIL = re.compile(r"^(SMETHOD-ERROR|CMETHOD-ERROR|ENV-ERROR|VERSION-ERROR|PROXY-ERROR)")
 
 
-def start_obfs4proxy(binary, role, state_dir, orport=None):
+def start_obfs4proxy(binary, role, transport, state_dir, orport=None):
+    """obfs4proxy in managed mode; a server's SMETHOD ARGS (obfs4: cert, iat-mode)
+    become the Child's ``args``."""
     env = dict(os.environ, TOR_PT_MANAGED_TRANSPORT_VER="1", TOR_PT_EXIT_ON_STDIN_CLOSE="1",
-               TOR_PT_STATE_LOCATION=os.path.join(state_dir, role + "-state"))
+               TOR_PT_STATE_LOCATION=os.path.join(state_dir, "o4p-%s-%s-state" % (transport, role)))
     if role == "server":
-        env.update(TOR_PT_SERVER_TRANSPORTS="obfs2", TOR_PT_SERVER_BINDADDR="obfs2-127.0.0.1:0",
+        env.update(TOR_PT_SERVER_TRANSPORTS=transport,
+                   TOR_PT_SERVER_BINDADDR="%s-127.0.0.1:0" % transport,
                    TOR_PT_ORPORT="%s:%d" % orport)
-        ready = re.compile(r"^SMETHOD obfs2 (\S+):(\d+)")
+        ready = re.compile(r"^SMETHOD %s (\S+):(\d+)(?: ARGS:(\S*))?" % transport)
     else:
-        env.update(TOR_PT_CLIENT_TRANSPORTS="obfs2")
-        ready = re.compile(r"^CMETHOD obfs2 socks5 (\S+):(\d+)")
+        env.update(TOR_PT_CLIENT_TRANSPORTS=transport)
+        ready = re.compile(r"^CMETHOD %s socks5 (\S+):(\d+)" % transport)
     process = subprocess.Popen([binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, env=env)
     output = Lines(process.stdout)
@@ -404,8 +452,11 @@ def start_obfs4proxy(binary, role, state_dir, orport=None):
         process.kill()
         process.wait()
         raise
+    args = {}
+    if role == "server" and match.group(3):
+        args = dict(item.split("=", 1) for item in match.group(3).split(","))
     return Child("obfs4proxy " + role, process, (match.group(1), int(match.group(2))),
-                 output, stop_by_stdin=True)
+                 output, stop_by_stdin=True, args=args)
 
 
 def start_sink():
@@ -434,21 +485,35 @@ def socks5_reply_rest(head):
     return {1: 4, 4: 16}[head[3]] + 2          # the bound address and port: ignored
 
 
+def socks5_auth(args):
+    """The pt-spec 3.5 way to pass a bridge's arguments: "k=v;k=v" as the RFC 1929
+    username (its first 255 bytes) and password (the rest, or one NUL)."""
+    raw = ";".join("%s=%s" % item for item in sorted(args.items())).encode()
+    user, password = raw[:255], raw[255:] or b"\0"
+    return bytes([1, len(user)]) + user + bytes([len(password)]) + password
+
+
 class Route:
     """How the generator reaches the sink: TCP to ``first_hop``; if ``target`` is set,
-    first_hop is a SOCKS5 client and ``target`` the obfs2 server to CONNECT to."""
+    first_hop is a SOCKS5 client and ``target`` the server to CONNECT to, with the
+    server's ``args`` (obfs4: cert, iat-mode) as SOCKS5 username/password."""
 
-    def __init__(self, first_hop, target=None):
-        self.first_hop, self.target = first_hop, target
+    def __init__(self, first_hop, target=None, args=None):
+        self.first_hop, self.target, self.args = first_hop, target, args or {}
 
     def connect(self):
         sock = socket.create_connection(self.first_hop, timeout=SOCKET_TIMEOUT)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.target is not None:
-                sock.sendall(b"\x05\x01\x00")           # greeting: no authentication
-                if recv_exact(sock, 2) != b"\x05\x00":
+                method = b"\x02" if self.args else b"\x00"
+                sock.sendall(b"\x05\x01" + method)           # greeting: one method
+                if recv_exact(sock, 2) != b"\x05" + method:
                     raise ConnectionError("SOCKS5 greeting refused")
+                if self.args:
+                    sock.sendall(socks5_auth(self.args))
+                    if recv_exact(sock, 2) != b"\x01\x00":
+                        raise ConnectionError("SOCKS5 arguments refused")
                 sock.sendall(socks5_request(self.target))
                 recv_exact(sock, socks5_reply_rest(recv_exact(sock, 4)))
         except BaseException:
@@ -461,9 +526,14 @@ class Route:
         try:
             writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.target is not None:
-                writer.write(b"\x05\x01\x00")
-                if await reader.readexactly(2) != b"\x05\x00":
+                method = b"\x02" if self.args else b"\x00"
+                writer.write(b"\x05\x01" + method)
+                if await reader.readexactly(2) != b"\x05" + method:
                     raise ConnectionError("SOCKS5 greeting refused")
+                if self.args:
+                    writer.write(socks5_auth(self.args))
+                    if await reader.readexactly(2) != b"\x01\x00":
+                        raise ConnectionError("SOCKS5 arguments refused")
                 writer.write(socks5_request(self.target))
                 await reader.readexactly(socks5_reply_rest(await reader.readexactly(4)))
         except BaseException:
@@ -680,30 +750,36 @@ def median(values):
 
 # --- Setups ------------------------------------------------------------------------------------
 
-# name: (client, server, transport); "ours" or "o4p", None for no tunnel
-SETUPS = {
-    "ours-obfs2": ("ours", "ours", "obfs2"),
-    "o4p-obfs2": ("o4p", "o4p", "obfs2"),
-    "ours-dummy": ("ours", "ours", "dummy"),
-    "ours-to-o4p": ("ours", "o4p", "obfs2"),
-    "o4p-to-ours": ("o4p", "ours", "obfs2"),
-    "direct": (None, None, None),
-}
-OURS, THEIRS = "ours-obfs2", "o4p-obfs2"
+# name: (client, server, transport); "ours" or "o4p", None for no tunnel. The default
+# run: each transport ours against obfs4proxy's, plus our dummy and no tunnel at all.
+SETUPS = {"direct": (None, None, None), "ours-dummy": ("ours", "ours", "dummy")}
+for _transport in TRANSPORTS:
+    SETUPS.update({
+        "ours-%s" % _transport: ("ours", "ours", _transport),
+        "o4p-%s" % _transport: ("o4p", "o4p", _transport),
+        "ours-to-o4p-%s" % _transport: ("ours", "o4p", _transport),
+        "o4p-to-ours-%s" % _transport: ("o4p", "ours", _transport),
+        # ours with the handshake pools off (OBFSPROXY_POOL_SIZE=0): what they buy
+        "ours-%s-nopool" % _transport: ("ours", "ours", _transport),
+    })
+DEFAULT_SETUPS = ["ours-obfs2", "o4p-obfs2", "ours-obfs3", "o4p-obfs3", "ours-obfs4", "o4p-obfs4",
+                  "ours-dummy", "direct"]
 
 
-def start_pair(options, client_kind, server_kind, transport, sink, state_dir, extra=()):
+def start_pair(options, client_kind, server_kind, transport, sink, state_dir, extra=(), env=None):
     """Start the server (forwarding to the sink), then the client. Returns [client, server]."""
     started = []
     try:
         if server_kind == "ours":
-            started.append(start_ours(options.obfsproxy, "server", transport, sink, extra))
+            started.append(start_ours(options.obfsproxy, "server", transport, sink, extra,
+                                      state_dir=state_dir, env=env))
         else:
-            started.append(start_obfs4proxy(options.obfs4proxy, "server", state_dir, sink))
+            started.append(start_obfs4proxy(options.obfs4proxy, "server", transport, state_dir, sink))
         if client_kind == "ours":
-            started.insert(0, start_ours(options.obfsproxy, "client", transport, extra=extra))
+            started.insert(0, start_ours(options.obfsproxy, "client", transport, extra=extra,
+                                         env=env))
         else:
-            started.insert(0, start_obfs4proxy(options.obfs4proxy, "client", state_dir))
+            started.insert(0, start_obfs4proxy(options.obfs4proxy, "client", transport, state_dir))
     except BaseException:
         for child in started:
             child.stop()
@@ -734,12 +810,15 @@ class Setup:
             if self.client_kind is None:
                 self.route = Route(self.sink.address)
                 return
+            os.makedirs(state_dir, exist_ok=True)
+            env = dict(os.environ, OBFSPROXY_POOL_SIZE="0") if self.name.endswith("-nopool") else None
             self.children = start_pair(self.options, self.client_kind, self.server_kind,
-                                       self.transport, self.sink.address, state_dir)
+                                       self.transport, self.sink.address, state_dir, env=env)
         except Exception as exc:
             self.fail("start", exc)
             return
-        self.route = Route(self.children[0].address, self.children[1].address)
+        self.route = Route(self.children[0].address, self.children[1].address,
+                           self.children[1].args)
         self.pids = [child.pid for child in self.children]
         self.result["start_rss_client"] = memory_mib(self.pids[0], "VmRSS")
         self.result["start_rss_server"] = memory_mib(self.pids[1], "VmRSS")
@@ -1021,48 +1100,121 @@ def results_table(results, options):
     return table(["metric"] + names, rows)
 
 
-def ratio_table(results, options):
-    ours, theirs = results.get(OURS), results.get(THEIRS)
+# The targets of issue 12, ours / obfs4proxy on the same transport in one run:
+# key -> (label, target ratio or None to report only, digits, higher is better).
+TARGETS = {
+    "obfs2": {"up_mbs": 1.5, "down_mbs": 1.5, "bulk_cpu": 0.6, "setup_rate": 1.0, "setup_p99": 1.0},
+    "obfs3": {"up_mbs": 1.5, "down_mbs": 1.5, "bulk_cpu": 0.6, "setup_rate": 1.0, "setup_p99": 1.0,
+              "idle_rss_client": 0.5, "idle_rss_server": 0.5},
+    "obfs4": {"up_mbs": 0.25, "down_mbs": 0.25, "setup_rate": 1.0, "setup_p99": 1.0,
+              "idle_rss_client": 0.5, "idle_rss_server": 0.5},
+}
+CEILING_SHARE = 0.9     # obfs4: our bulk MB/s against the per-frame ceiling of this run
+
+
+def ratio_table(transport, results, options, ceiling):
+    ours, theirs = results.get("ours-" + transport), results.get("o4p-" + transport)
+    targets = TARGETS[transport]
     rows = []
 
-    def compare(label, key, target, digits, higher_is_better):
+    def verdict(ratio, target, higher_is_better):
+        if target is None:
+            return "", ""
+        needed = "%s %sx" % (">=" if higher_is_better else "<=", fmt(target, 2).rstrip("0").rstrip("."))
+        passed = ratio >= target if higher_is_better else ratio <= target
+        return needed, "PASS" if passed else "FAIL"
+
+    def compare(label, key, digits, higher_is_better):
         a = ours.get(key) if ours else None
         b = theirs.get(key) if theirs else None
+        target = targets.get(key)
         if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
             ratio = a / b
-            verdict = "" if target is None else \
-                "PASS" if (ratio >= target if higher_is_better else ratio <= target) else "FAIL"
-            rows.append([label, fmt(a, digits), fmt(b, digits), "%.2fx" % ratio,
-                         "" if target is None else ("%s %.1fx" % (">=" if higher_is_better else "<=",
-                                                                 target)), verdict])
+            rows.append([label, fmt(a, digits), fmt(b, digits), "%.2fx" % ratio]
+                        + list(verdict(ratio, target, higher_is_better)))
         else:
             rows.append([label, fmt(a if a is not None else "n/a", digits),
                          fmt(b if b is not None else "n/a", digits), "n/a",
                          "" if target is None else "-", "n/a" if target is not None else ""])
 
-    compare("bulk up MB/s", "up_mbs", 1.5, 1, True)
-    compare("bulk down MB/s", "down_mbs", 1.5, 1, True)
-    compare("bulk both MB/s", "both_mbs", None, 1, True)
-    compare("CPU s/GiB all bulk", "bulk_cpu", 0.6, 2, False)
-    compare("CPU s/GiB up", "up_cpu", None, 2, False)
-    compare("CPU s/GiB down", "down_cpu", None, 2, False)
-    compare("setup conn/s", "setup_rate", 1.0, 0, True)
-    compare("setup p50 ms", "setup_p50", None, 2, False)
-    compare("setup p99 ms", "setup_p99", 1.0, 2, False)
-    compare("open %d tunnels s" % options.tunnels, "open_s", None, 2, False)
-    compare("echo %dx64KiB s" % options.tunnels, "echo_s", None, 2, False)
+    compare("bulk up MB/s", "up_mbs", 1, True)
+    compare("bulk down MB/s", "down_mbs", 1, True)
+    compare("bulk both MB/s", "both_mbs", 1, True)
+    compare("CPU s/GiB all bulk", "bulk_cpu", 2, False)
+    compare("CPU s/GiB up", "up_cpu", 2, False)
+    compare("CPU s/GiB down", "down_cpu", 2, False)
+    compare("setup conn/s", "setup_rate", 0, True)
+    compare("setup p50 ms", "setup_p50", 2, False)
+    compare("setup p99 ms", "setup_p99", 2, False)
+    compare("open %d tunnels s" % options.tunnels, "open_s", 2, False)
+    compare("echo %dx64KiB s" % options.tunnels, "echo_s", 2, False)
+    compare("RSS %d idle MiB client" % options.tunnels, "idle_rss_client", 1, False)
+    compare("RSS %d idle MiB server" % options.tunnels, "idle_rss_server", 1, False)
+    if transport == "obfs4" and ceiling:
+        frame = ceiling["frame_mbs"]
+        for label, key in (("bulk up / frame ceiling", "up_mbs"), ("bulk down / frame ceiling", "down_mbs")):
+            a = ours.get(key) if ours else None
+            if isinstance(a, (int, float)):
+                rows.append([label, fmt(a, 1), "%.1f (ceiling)" % frame, "%.2fx" % (a / frame)]
+                            + list(verdict(a / frame, CEILING_SHARE, True)))
     small = " (ran %d)" % options.tunnels if options.tunnels < 1000 else ""
-    for label, key, verdict in [
-            ("%d tunnels byte-exact%s" % (1000, small), "ok",
-             lambda v: ours.get("all_ok")),
+    for label, key, passed in [
+            ("%d tunnels byte-exact%s" % (1000, small), "ok", lambda v: ours.get("all_ok")),
             ("idle RSS client < 150 MiB%s" % small, "idle_rss_client", lambda v: v < 150),
             ("idle RSS server < 150 MiB%s" % small, "idle_rss_server", lambda v: v < 150)]:
         a = ours.get(key) if ours else None
         b = theirs.get(key) if theirs else None
         rows.append([label, fmt(a, 1), fmt(b, 1), "", "absolute",
-                     ("PASS" if verdict(a) else "FAIL") if a is not None else "n/a"])
-    return table(["target: %s vs %s" % (OURS, THEIRS), OURS, THEIRS, "ratio", "needed", "result"],
-                 rows)
+                     ("PASS" if passed(a) else "FAIL") if a is not None else "n/a"])
+    return table(["%s: ours vs obfs4proxy" % transport, "ours-" + transport, "o4p-" + transport,
+                  "ratio", "needed", "result"], rows)
+
+
+def measure_ceiling(program, seconds=0.3):
+    """obfs4's per-frame ceiling in this process: seal + open of one 1430-byte packet
+    (the largest) with the obfs4_crypto of the checkout under test, best of 5 runs of
+    ``seconds`` each. 1427 payload bytes per frame / that time = the MB/s a tunnel
+    would reach if framing, the length masks and the relay cost nothing. Also the
+    transport itself in memory: a connected Obfs4 pair, send + receive of 4 MiB."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(program)))
+    try:
+        import obfs3
+        import obfs4
+        import obfs4_crypto
+    finally:
+        sys.path.pop(0)
+    box = obfs4_crypto.SecretBox(bytes(range(32)), bytes(16))
+    packet = RANDOM_BLOCK[:1430]
+    sealed = box.seal(1, packet)
+    best = {}
+    for name, run in (("seal", lambda: box.seal(1, packet)), ("open", lambda: box.open(1, sealed))):
+        for _ in range(5):
+            count, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds / 2:
+                for _ in range(100):
+                    run()
+                count += 100
+            us = (time.perf_counter() - start) / count * 1e6
+            best[name] = min(best.get(name, us), us)
+    identity = obfs4.Identity(bytes(20), bytes(range(32)), bytes(24))
+    server_config = obfs4.ServerConfig(identity)
+    client = obfs4.Obfs4(True, obfs4.ClientConfig(identity.node_id, identity.public_key, 0))
+    server = obfs4.Obfs4(False, server_config)
+    server.receive(client.start())
+    client.receive(server.data_to_send())
+    data, inprocess = RANDOM_BLOCK * 4, 0.0
+    for _ in range(3):
+        start = time.perf_counter()
+        if server.receive(client.send(data)) != data:
+            raise RuntimeError("obfs4 in memory: the data came back different")
+        inprocess = max(inprocess, len(data) / (time.perf_counter() - start) / 1e6)
+    frame_us = best["seal"] + best["open"]
+    return {"seal_us": best["seal"], "open_us": best["open"], "frame_us": frame_us,
+            "frame_mbs": 1427 / frame_us, "inprocess_mbs": inprocess,
+            "routes": "Poly1305: %s; X25519: %s; edwards25519: %s; HSalsa20: %s; obfs3 modexp: %s"
+                      % (obfs4_crypto.POLY1305_ROUTE, obfs4_crypto.X25519_ROUTE,
+                         obfs4_crypto.EDWARDS_ROUTE, getattr(obfs4_crypto, "HSALSA20_ROUTE", "pure Python"),
+                         obfs3.MODEXP_ROUTE)}
 
 
 def describe_tree(program):
@@ -1082,11 +1234,11 @@ def describe_tree(program):
 
 def parse_options(argv):
     parser = argparse.ArgumentParser(
-        description="Benchmark obfsproxy.py against obfs4proxy (obfs2) on 127.0.0.1. "
+        description="Benchmark obfsproxy.py against obfs4proxy (obfs2, obfs3, obfs4) on 127.0.0.1. "
                     "See the docstring at the top of this file for how to read the output.")
     parser.add_argument("--quick", action="store_true",
                         help="small fast run: 32 MiB streams, 100 connections, 200 tunnels, "
-                             "5 secret connections")
+                             "5 secret connections (every stream still checked byte-exact)")
     parser.add_argument("--size-mib", type=int, help="bulk stream size [256; quick: 32]")
     parser.add_argument("--connections", type=int, help="sequential setup connections [1000; quick: 100]")
     parser.add_argument("--secret-connections", type=int,
@@ -1094,10 +1246,12 @@ def parse_options(argv):
     parser.add_argument("--tunnels", type=int, help="concurrent tunnels [1000; quick: 200]")
     parser.add_argument("--repeat", type=int,
                         help="run each bulk stream N times: best MB/s, median CPU [3; quick: 1]")
-    parser.add_argument("--settle", type=float, default=1.0,
-                        help="seconds to wait with all tunnels open before reading RSS [1.0]")
-    parser.add_argument("--setups", default=",".join(SETUPS),
-                        help="comma-separated subset of: %s" % ", ".join(SETUPS))
+    parser.add_argument("--settle", type=float, default=3.0,
+                        help="seconds to wait with all tunnels open before reading RSS [3.0]")
+    parser.add_argument("--setups", default=",".join(DEFAULT_SETUPS),
+                        help="comma-separated setups [%s]; also: %s"
+                             % (",".join(DEFAULT_SETUPS),
+                                ", ".join(name for name in SETUPS if name not in DEFAULT_SETUPS)))
     parser.add_argument("--skip-obfs4proxy", action="store_true",
                         help="only the setups without obfs4proxy")
     parser.add_argument("--obfsproxy", default=os.path.join(ROOT, "obfsproxy.py"),
@@ -1162,12 +1316,19 @@ def main(argv=None):
     at_start = meter.snapshot()
     sink = start_sink()
     setups = [Setup(name, options, sink, meter) for name in options.setups]
+    ceilings = []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-o4p-") as state_dir:
             for number, setup in enumerate(setups):
                 setup.start(os.path.join(state_dir, str(number)))
             digests = Digests(options.size)
             for number in range(1, options.repeat + 1):
+                if any(setup.transport == "obfs4" for setup in setups):
+                    ceilings.append(measure_ceiling(options.obfsproxy))
+                    print("[ceiling] obfs4 seal %.1f us + open %.1f us per 1430-byte packet: "
+                          "%.1f MB/s; Obfs4 pair in memory %.1f MB/s"
+                          % (ceilings[-1]["seal_us"], ceilings[-1]["open_us"], ceilings[-1]["frame_mbs"],
+                             ceilings[-1]["inprocess_mbs"]), file=sys.stderr, flush=True)
                 for setup in setups:
                     setup.bulk_round(digests, number)
             for setup in setups:
@@ -1179,7 +1340,7 @@ def main(argv=None):
                     setup.setup_round(count, warmup=5 if number == 0 else 0)
             for setup in setups:
                 setup.setup_done()
-                if setup.name == OURS:
+                if setup.name == "ours-obfs2" and options.secret_connections:
                     setup.secret_rate()
             for setup in setups:
                 setup.tunnels()
@@ -1202,9 +1363,19 @@ def main(argv=None):
     print()
     print(results_table(results, options))
     print()
-    if OURS in results and THEIRS in results:
-        print(ratio_table(results, options))
+    ceiling = max(ceilings, key=lambda c: c["frame_mbs"]) if ceilings else None
+    if ceiling:
+        info["ceiling"] = ceiling
+        print("obfs4 per-frame ceiling, this process, best of %d: seal %.1f us + open %.1f us per "
+              "1430-byte packet = %.1f MB/s of payload; an Obfs4 pair in memory (send + receive, one "
+              "core): %.1f MB/s" % (len(ceilings), ceiling["seal_us"], ceiling["open_us"],
+                                    ceiling["frame_mbs"], ceiling["inprocess_mbs"]))
+        print("routes: %s" % ceiling["routes"])
         print()
+    for transport in TRANSPORTS:
+        if "ours-" + transport in results and "o4p-" + transport in results:
+            print(ratio_table(transport, results, options, ceiling))
+            print()
     for name, result in results.items():
         for error in result["errors"]:
             print("error: %s: %s" % (name, error))
