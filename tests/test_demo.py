@@ -356,7 +356,8 @@ def test_obfs3_demo_in_process_and_its_failure_path(monkeypatch):
     out = io.StringIO()
     with redirect_stdout(out):
         assert demo.main("obfs3", {}, proxy.Settings()) == 0
-    monkeypatch.setattr(demo, "legendre", lambda value: 0)
+    real = demo.legendre   # a wrong Legendre symbol, whichever coin each side flipped
+    monkeypatch.setattr(demo, "legendre", lambda value: -real(value))
     with redirect_stdout(out):
         assert demo.main("obfs3", {}, proxy.Settings()) == 1
     assert "FAILED: a public value's Legendre symbol does not match its coin" in out.getvalue()
