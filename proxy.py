@@ -183,7 +183,7 @@ class KeyWork:
 
     def __init__(self):
         self._slot = threading.BoundedSemaphore(1)
-        self._quiet = threading.Condition()
+        self._lock = threading.Lock()
         self.handshakes = 0           # transport handshakes under way, any transport
         self._last = 0.0              # when the last one ended (time.monotonic())
 
@@ -191,30 +191,20 @@ class KeyWork:
         return _Held(self._slot if transport.expensive else None, deadline)
 
     def begin(self):
-        with self._quiet:
+        with self._lock:
             self.handshakes += 1
 
     def end(self):
-        with self._quiet:
+        with self._lock:
             self.handshakes -= 1
             self._last = time.monotonic()
 
-    def wait_idle(self, timeout):
-        """Wait up to ``timeout`` s for QUIET_SECONDS without any handshake; True if
-        they came. The pools refill only then, so that their key work never takes
-        a core from a connection being set up (a 2-core machine running client,
-        server and application has none to spare). Polls: nobody is woken per
-        handshake for this."""
-        end = time.monotonic() + timeout
-        with self._quiet:
-            while True:
-                now = time.monotonic()
-                quiet = now - self._last
-                if not self.handshakes and quiet >= QUIET_SECONDS:
-                    return True
-                if now >= end:
-                    return False
-                self._quiet.wait(min(end - now, max(QUIET_SECONDS - quiet, QUIET_SECONDS / 2)))
+    def idle(self):
+        """True after QUIET_SECONDS without any handshake. The pools refill only
+        then, so that their key work never takes a core from a connection being
+        set up (a 2-core machine running client, server and application has none
+        to spare: refilling right after each take made back-to-back setups slower)."""
+        return not self.handshakes and time.monotonic() - self._last >= QUIET_SECONDS
 
 
 QUIET_SECONDS = 0.005   # no handshake for this long: the pools may refill
@@ -224,7 +214,7 @@ class Pools:
     """The Proxy's pools of handshake material (pool.py), one per kind of item
     (``transports.pool_recipe``): made when a listener opens, for the config it
     knows then; refilled only after a quiet spell without handshakes
-    (``KeyWork.wait_idle``). A connection whose
+    (``KeyWork.idle``). A connection whose
     config matches no pool (e.g. a SOCKS client sending another obfs2 secret)
     does its key work inline, as without pools."""
 
@@ -238,7 +228,7 @@ class Pools:
             return
         key, make = recipe
         if key not in self._pools:
-            self._pools[key] = pool.Pool(make, self.size, self.key_work.wait_idle, name=name)
+            self._pools[key] = pool.Pool(make, self.size, self.key_work.idle, name=name)
 
     def taker(self, name, initiator, config):
         """The ``take`` of the pool for this side, or None."""
@@ -517,16 +507,20 @@ class _Direction:
             buffer = self.buffers.lend()
             try:
                 size = self.src.recv_into(buffer)
+                out = self.transform(memoryview(buffer)[:size]) if size else None
             except BlockingIOError:
                 self.buffers.give_back(buffer)
                 return
+            except BaseException:   # a reset, or the peer broke the protocol: the buffer goes back too
+                self.buffers.give_back(buffer)
+                raise
             if not size:
                 self.buffers.give_back(buffer)
                 self.eof = True
                 self.write()
                 return
             self.count += size
-            self._take(self.transform(memoryview(buffer)[:size]), buffer)
+            self._take(out, buffer)
         self.write()
 
     def write(self):
@@ -1215,7 +1209,11 @@ class Proxy:
                 abort(conn)
         elif isinstance(exc, transports.PROTOCOL_ERRORS):   # in the relay: the peer broke the protocol
             log.info("%s: not %s: %s", name, settings.transport, exc)
-            abort(conn)
+            # The application learns of the failure by a reset; a server closes its
+            # peer with a plain FIN, as obfs4proxy does (a reset would tell a prober
+            # that flips one bit which implementation runs the bridge).
+            if handler is not handle_server:
+                abort(conn)
         elif isinstance(exc, PeerClosed):
             log.info("%s: %s", name, exc)
         elif isinstance(exc, socket.timeout):

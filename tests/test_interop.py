@@ -583,16 +583,7 @@ def test_probes_side_by_side_with_obfs4proxy(obfs4proxy_path, tmp_path):
         assert dests["ours"].accepted == 1, "our server dialled --dest for a probe"
 
 
-# An on-path attacker needs no cert to flip a bit of an established connection. What
-# the server does then is visible to it: obfs4proxy closes with a FIN (obfs4-spec 4,
-# "bad frame tag ... closes at once (FIN)"); our proxy core aborts every connection
-# whose peer broke the protocol in the relay (proxy.Proxy._run: abort(conn)), a RST,
-# which tells our bridges from obfs4proxy's.
-TAMPER_RST = pytest.mark.xfail(strict=True, reason="product bug: proxy.py Proxy._run aborts (RST) "
-                               "on a data-phase ProtocolError; obfs4proxy closes with a FIN")
-
-
-@pytest.mark.parametrize("server", [pytest.param("ours", marks=TAMPER_RST), "obfs4proxy"])
+@pytest.mark.parametrize("server", ["ours", "obfs4proxy"])
 def test_tampered_frame_closes_at_once_with_fin(obfs4proxy_path, tmp_path, server):
     """A valid session, then one genuine frame with its last byte flipped (the tag
     fails): the server sends nothing and closes at once, with a FIN."""

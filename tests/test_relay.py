@@ -396,8 +396,6 @@ def test_every_lent_buffer_goes_back_to_the_pool(ends, make_transport):
     assert 1 <= len(pool._buffers) <= proxy.SPARE_BUFFERS
 
 
-@pytest.mark.xfail(strict=True, reason="reported bug: _Direction.pump loses the buffer it lent "
-                   "when recv_into() raises (a reset) or the transform raises (ProtocolError)")
 @pytest.mark.parametrize("failure", ["reset", "protocol-error"])
 def test_a_failed_relay_gives_its_buffers_back_too(ends, failure):
     app, upstream, downstream, peer = ends(tcp=True)
