@@ -108,18 +108,17 @@ function runs instead. ``POLY1305_ROUTE``, ``X25519_ROUTE``, ``EDWARDS_ROUTE`` a
 ``_x25519_pure``, ``_dirty_u_pure``, ``_hsalsa20_pure``) stay callable so the tests
 prove both routes on the same vectors.
 
-Salsa20 and Poly1305 have a fourth kind of route: pycryptodome's own C functions called
-straight through its cffi handle (``SALSA20_ROUTE``, and ``POLY1305_ROUTE`` first of all),
-because on a 1430-byte frame its Python layer (objects, pointer conversions, checks)
-costs more than the C does. Without cffi they fall back to the public ``Salsa20`` and
-to ``Poly1305_MAC``.
+We do not call pycryptodome's underscored C handles (``_raw_api``): calling them
+directly saved ~3.5 µs of the Python layer per 1430-byte frame, but a private route can
+change its meaning in any release; the routes above are public or non-underscored, and
+each is proven by a known answer at import.
 
 What a frame costs (Python 3.11, pycryptodome 4.5, one core of the 2-core test machine):
-sealing or opening 1430 bytes is ~7.5 µs on the raw route (~11.5 through the Python
-layer): one Salsa20 call over 0^32 | packet gives the Poly1305 key and the ciphertext,
-then one Poly1305. The frame's length mask costs ~5.5 µs (8 SipRounds in Python;
-``HashDrbg.masks`` runs them in one tight loop for a whole write or read). Handshake pieces: X25519 ~80 µs, HSalsa20
-~8 µs, the representative's square test ~30 µs (a Jacobi symbol, not a 255-bit power).
+sealing or opening 1430 bytes is ~11.5 µs: one Salsa20 call over 0^32 | packet gives
+the Poly1305 key and the ciphertext, then one Poly1305. The frame's length mask costs
+~5.5 µs (8 SipRounds in Python; ``HashDrbg.masks`` runs them in one tight loop for a
+whole write or read). Handshake pieces: X25519 ~80 µs, HSalsa20 ~8 µs, the
+representative's square test ~30 µs (a Jacobi symbol, not a 255-bit power).
 """
 
 import hashlib
@@ -266,60 +265,6 @@ def _salsa20_xor_pycryptodome(key32, nonce8, data):
     return Salsa20.new(key=key32, nonce=nonce8).encrypt(data)
 
 
-def _make_raw_routes():
-    """(salsa20_xor, poly1305) calling the C functions under pycryptodome's Salsa20 and
-    Poly1305 directly through its cffi handle: the same C code without the Python layer
-    around each call, which costs more than the C does on a 1430-byte frame (seal:
-    11 -> 7.5 µs). Private API, so self-tested at import like every fast route."""
-    from Crypto.Cipher import Salsa20 as salsa_module
-    from Crypto.Hash import Poly1305 as poly_module
-    from Crypto.Util import _raw_api
-    if _raw_api.backend != "cffi":
-        raise ImportError("pycryptodome runs on ctypes here, not cffi")
-    ffi, salsa, poly = _raw_api.ffi, salsa_module._raw_salsa20_lib, poly_module._raw_poly1305
-
-    def salsa20_xor(key32, nonce8, data):
-        """Salsa20/20(key, nonce) from block 0, XORed with ``data``, as a bytearray."""
-        state, out = ffi.new("void **"), bytearray(len(data))
-        if salsa.Salsa20_stream_init(ffi.from_buffer(key32), len(key32), ffi.from_buffer(nonce8),
-                                     len(nonce8), state):
-            raise ValueError("Salsa20 refused the key or nonce")
-        try:
-            if salsa.Salsa20_stream_encrypt(state[0], ffi.from_buffer(data), ffi.from_buffer(out),
-                                            len(data)):
-                raise ValueError("Salsa20 failed")
-        finally:
-            salsa.Salsa20_stream_destroy(state[0])
-        return out
-
-    def poly1305_raw(key32, data):
-        """r = key[0:16] (the C code clamps it), s = key[16:32]."""
-        if len(key32) != 32:
-            raise ValueError("a Poly1305 key is 32 bytes, not %d" % len(key32))
-        state, tag = ffi.new("void **"), ffi.new("uint8_t[16]")
-        key = ffi.from_buffer(key32)
-        if poly.poly1305_init(state, key, 16, key + 16, 16):
-            raise ValueError("Poly1305 refused the key")
-        try:
-            if poly.poly1305_update(state[0], ffi.from_buffer(data), len(data)) or \
-                    poly.poly1305_digest(state[0], tag, 16):
-                raise ValueError("Poly1305 failed")
-        finally:
-            poly.poly1305_destroy(state[0])
-        return bytes(ffi.buffer(tag))
-    return salsa20_xor, poly1305_raw
-
-
-def _raw_unavailable(*args):
-    raise RuntimeError("pycryptodome's raw C functions are not reachable")
-
-
-try:
-    _salsa20_xor_raw, _poly1305_raw = _make_raw_routes()
-except Exception:  # another pycryptodome, or ctypes: the self-tests below pick another route
-    _salsa20_xor_raw = _poly1305_raw = _raw_unavailable
-
-
 # RFC 8439 section 2.5.2, and the empty message (whose tag is s itself).
 _RFC8439_KEY = bytes.fromhex("85d6be7857556d337f4452fe42d506a80103808afb0db2fd4abff6af4149f51b")
 _POLY1305_ANSWERS = [
@@ -342,12 +287,9 @@ def _choose(fast, fast_name, pure, answers, pure_name="pure Python"):
     return pure, pure_name
 
 
-# Poly1305: the raw C call, else the private class, else pure Python.
-_poly1305_fallback, _fallback_name = _choose(
-    _poly1305_pycryptodome, "pycryptodome Poly1305_MAC", _poly1305_pure, _POLY1305_ANSWERS)
+# Poly1305: pycryptodome's raw-key class, else pure Python.
 poly1305, POLY1305_ROUTE = _choose(
-    _poly1305_raw, "pycryptodome raw Poly1305 (cffi)", _poly1305_fallback, _POLY1305_ANSWERS,
-    _fallback_name)
+    _poly1305_pycryptodome, "pycryptodome Poly1305_MAC", _poly1305_pure, _POLY1305_ANSWERS)
 
 # Salsa20 (obfs4-primitives.json, "xsalsa20": NaCl's stream3 under its HSalsa20 subkey,
 # the second "hsalsa20" output): 160 bytes, so three blocks; the raw call, else the
@@ -362,9 +304,11 @@ _SALSA20_ANSWERS = [
         "0376529fcc09bab506c618e13ce777d82c3ae9d1a6f972d4160287cbfe60bf2130fc0a6ff6049d0a5c8a82f429"
         "231f008082e845d7e189d37f9ed2b464e6b919e6523a8c1210")),
 ]
+# Only the public API: there is no pure-Python Salsa20 here (pycryptodome is a
+# dependency), so the known answer above proves it rather than picks it.
 _salsa20_xor, SALSA20_ROUTE = _choose(
-    _salsa20_xor_raw, "pycryptodome raw Salsa20 (cffi)", _salsa20_xor_pycryptodome,
-    _SALSA20_ANSWERS, "pycryptodome Salsa20")
+    _salsa20_xor_pycryptodome, "pycryptodome Salsa20", _salsa20_xor_pycryptodome,
+    _SALSA20_ANSWERS, "pycryptodome Salsa20 (failed its known answer!)")
 
 # NaCl's core1/core2 examples (obfs4-primitives.json, "hsalsa20"); the second has a
 # non-zero block counter, so it proves that ``seek`` reaches it.

@@ -74,15 +74,14 @@ def test_hsalsa20_routes_agree(key, input16):
 @given(key=st.binary(min_size=32, max_size=32), nonce=st.binary(min_size=8, max_size=8),
        data=st.binary(max_size=1500))
 def test_salsa20_routes_agree(key, nonce, data):
-    """The raw C call against pycryptodome's public Salsa20, any buffer type in."""
+    """Our Salsa20 against pycryptodome's public Salsa20, any buffer type in."""
     want = Salsa20.new(key=key, nonce=nonce).encrypt(data)
     assert bytes(c._salsa20_xor(key, nonce, data)) == want
     assert bytes(c._salsa20_xor(key, nonce, memoryview(bytearray(data)))) == want
 
 
-def test_the_raw_routes_fail_loudly_on_bad_input():
-    """A wrong key length must raise (the self-test would then pick another route), never
-    read past a buffer."""
+def test_a_wrong_key_length_fails_loudly():
+    """A wrong key length must raise, never read past a buffer."""
     for key, nonce in ((bytes(31), bytes(8)), (bytes(32), bytes(7))):
         with pytest.raises(ValueError):
             c._salsa20_xor(key, nonce, b"x")
@@ -552,11 +551,8 @@ def test_generate_keypair_uses_the_csprng_by_default():
 # --- the route choice -----------------------------------------------------------------
 
 def test_routes_are_named():
-    assert c.POLY1305_ROUTE in ("pycryptodome raw Poly1305 (cffi)", "pycryptodome Poly1305_MAC",
-                                "pure Python")
-    assert c.SALSA20_ROUTE in ("pycryptodome raw Salsa20 (cffi)", "pycryptodome Salsa20")
-    assert (c._salsa20_xor is c._salsa20_xor_raw) == (c.SALSA20_ROUTE == "pycryptodome raw Salsa20 (cffi)")
-    assert (c.poly1305 is c._poly1305_raw) == (c.POLY1305_ROUTE == "pycryptodome raw Poly1305 (cffi)")
+    assert c.POLY1305_ROUTE in ("pycryptodome Poly1305_MAC", "pure Python")
+    assert c.SALSA20_ROUTE == "pycryptodome Salsa20"
     assert c.X25519_ROUTE in ("pycryptodome Crypto.Protocol.DH", "pure Python")
     assert c.EDWARDS_ROUTE in ("pycryptodome EccPoint", "pure Python")
     assert c.HSALSA20_ROUTE in ("pycryptodome Salsa20 seek", "pure Python")
@@ -569,10 +565,7 @@ def test_routes_are_named():
 def test_the_fast_routes_run_wherever_pycryptodome_has_them():
     """A fast route that exists but fails its self-test falls back silently (correct, but
     2-10x slower): with the pycryptodome this project pins, all three must be chosen."""
-    if c._poly1305_raw is not c._raw_unavailable:
-        assert c.POLY1305_ROUTE == "pycryptodome raw Poly1305 (cffi)"
-        assert c.SALSA20_ROUTE == "pycryptodome raw Salsa20 (cffi)"
-    elif c._Poly1305_MAC is not None:
+    if c._Poly1305_MAC is not None:
         assert c.POLY1305_ROUTE == "pycryptodome Poly1305_MAC"
     if c._DH is not None:
         assert c.X25519_ROUTE == "pycryptodome Crypto.Protocol.DH"
