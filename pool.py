@@ -15,8 +15,10 @@ What a ``Pool`` promises::
                 items are never logged, written or copied anywhere
     never late  an empty pool makes the item on the spot, as if there were none
     idle only   one daemon thread refills it, one item at a time, and starts
-                an item only when ``wait_idle`` says no handshake is computing
-                (between connections, and while a handshake waits for its peer);
+                an item only when ``idle()`` says the proxy has been quiet (no
+                handshake for a few ms); while it is busy the thread looks again
+                after 5 ms, 10, 20 ... at most IDLE_POLL_MAX, so a busy proxy
+                pays for a couple of wake-ups a second, not one per connection;
                 once full and untouched for LINGER seconds the thread ends, and
                 the next ``take()`` starts another: a proxy at rest runs no thread
 
@@ -35,8 +37,9 @@ import threading
 from collections import deque
 
 DEFAULT_SIZE = 16
-IDLE_WAIT = 0.5       # seconds the refiller waits for idleness before looking at the stock again
-LINGER = 2.0          # seconds a full pool's refill thread waits for a take() before ending
+IDLE_POLL_MIN = 0.005  # seconds before the refiller looks again at a busy owner, doubling ...
+IDLE_POLL_MAX = 0.5    # ... up to this
+LINGER = 2.0           # seconds a full pool's refill thread waits for a take() before ending
 
 
 def configured_size(environ=os.environ):
@@ -47,12 +50,11 @@ def configured_size(environ=os.environ):
 
 class Pool:
     """A bounded stock of single-use items from ``make()``, refilled by one daemon
-    thread whenever ``wait_idle(timeout)`` returns True (it blocks until the owner is
-    idle, or returns False after ``timeout`` seconds). ``hits`` and ``misses`` count
-    takes served from the stock and made on the spot."""
+    thread while ``idle()`` returns True. ``hits`` and ``misses`` count takes served
+    from the stock and made on the spot."""
 
-    def __init__(self, make, size=DEFAULT_SIZE, wait_idle=lambda timeout: True, name="pool"):
-        self._make, self.size, self._wait_idle, self.name = make, size, wait_idle, name
+    def __init__(self, make, size=DEFAULT_SIZE, idle=lambda: True, name="pool"):
+        self._make, self.size, self._idle, self.name = make, size, idle, name
         self._stock = deque()
         self._changed = threading.Condition()
         self._closed = self._refilling = False
@@ -66,13 +68,15 @@ class Pool:
     def take(self):
         """One item, never handed out before: from the stock, else made now."""
         with self._changed:
+            was_full = len(self._stock) >= self.size
             item = self._stock.popleft() if self._stock else None
             if item is None:
                 self.misses += 1
             else:
                 self.hits += 1
             self._start_refill()
-            self._changed.notify()          # the refiller has room again
+            if was_full:                    # the refiller waits for room: there is some now
+                self._changed.notify()      # (otherwise it is busy or backing off: let it be)
         return self._make() if item is None else item
 
     def close(self):
@@ -93,6 +97,7 @@ class Pool:
             self._refilling = False
 
     def _refill(self):
+        delay = IDLE_POLL_MIN
         while True:
             with self._changed:
                 while not self._closed and len(self._stock) >= self.size:
@@ -102,8 +107,11 @@ class Pool:
                 if self._closed:
                     self._refilling = False
                     return
-            if not self._wait_idle(IDLE_WAIT):
-                continue
+                if not self._idle():                     # busy: look again later
+                    self._changed.wait(delay)
+                    delay = min(2 * delay, IDLE_POLL_MAX)
+                    continue
+            delay = IDLE_POLL_MIN
             item = self._make()
             with self._changed:
                 if self._closed:

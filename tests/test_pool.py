@@ -63,7 +63,7 @@ def test_every_item_is_handed_out_once_and_the_stock_is_bounded():
 def test_an_empty_pool_makes_the_item_on_the_spot():
     gate = threading.Event()
     make = Counter()
-    stock = pool.Pool(make, size=3, wait_idle=lambda timeout: gate.wait(timeout), name="t2")
+    stock = pool.Pool(make, size=3, idle=gate.is_set, name="t2")
     assert stock.take() == 1 and stock.misses == 1 and stock.hits == 0
     stock.close()
 
@@ -71,7 +71,7 @@ def test_an_empty_pool_makes_the_item_on_the_spot():
 def test_nothing_is_made_ahead_while_the_owner_is_busy():
     gate = threading.Event()
     make = Counter()
-    stock = pool.Pool(make, size=3, wait_idle=lambda timeout: gate.wait(timeout), name="t3")
+    stock = pool.Pool(make, size=3, idle=gate.is_set, name="t3")
     time.sleep(0.2)
     assert make.made == 0 and len(stock) == 0
     gate.set()                                     # idle now
@@ -187,13 +187,12 @@ def test_obfs2_pools_are_per_role_and_secret():
 def test_key_work_is_idle_only_after_a_quiet_spell(monkeypatch):
     monkeypatch.setattr(proxy, "QUIET_SECONDS", 0.05)
     work = proxy.KeyWork()
-    assert work.wait_idle(1.0)
+    assert work.idle()
     work.begin()
-    assert not work.wait_idle(0.1)                         # a handshake is under way
+    assert not work.idle()                               # a handshake is under way
     work.end()
-    began = time.monotonic()
-    assert work.wait_idle(1.0)
-    assert time.monotonic() - began >= 0.04                # only after the quiet spell
+    assert not work.idle()                               # ... and just ended
+    wait_until(work.idle, what="idle after the quiet spell")
 
 
 def test_a_listener_gets_a_pool_and_its_connections_take_from_it():
