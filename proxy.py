@@ -35,8 +35,8 @@ Scale, measured on the 2-core test machine: one process holds about 10,000
 tunnels (two descriptors each; --max-connections and the fd limit, which
 ``raise_descriptor_limit`` raises to 2 x --max-connections + 64, bound it)
 at ~17 KiB of RSS per idle tunnel; 9,900 idle tunnels closed at once end in
-~2.5 s and ~2.5 CPU-s; SIGTERM ends the process in under a second at any
-load (``install_signal_handlers``). Busy tunnels each hold a thread of
+~2.5 s and ~2.5 CPU-s; SIGTERM ends the process in 0.4-2 s even then
+(``install_signal_handlers``). Busy tunnels each hold a thread of
 THREAD_STACK address space.
 """
 
