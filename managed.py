@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 
 import outbound
 import proxy
+import socks
 import transports
 from outbound import ProxyURIError, format_address, parse_address
 
@@ -172,31 +173,6 @@ def parse_bindaddrs(text):
     return result
 
 
-def _split_escaped(text, separator):
-    """Split at each ``separator`` not escaped by a backslash. The parts keep
-    their escapes, so joining them with ``separator`` gives ``text`` back."""
-    parts, current, i = [], [], 0
-    while i < len(text):
-        if text[i] == "\\":
-            if i + 1 == len(text):
-                raise ValueError("%r ends in a lone backslash" % text)
-            current.append(text[i:i + 2])
-            i += 2
-            continue
-        if text[i] == separator:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(text[i])
-        i += 1
-    parts.append("".join(current))
-    return parts
-
-
-def _unescape(text):
-    return re.sub(r"\\(.)", r"\1", text, flags=re.DOTALL)
-
-
 def parse_transport_options(text):
     """TOR_PT_SERVER_TRANSPORT_OPTIONS -> {transport: {key: value}}.
 
@@ -206,15 +182,16 @@ def parse_transport_options(text):
     """
     options = {}
     try:
-        for item in _split_escaped(text, ";"):
+        for item in socks.split_escaped(text, ";"):
             if not item:
                 continue
-            name, *rest = _split_escaped(item, ":")
+            name, *rest = socks.split_escaped(item, ":")
             pair = ":".join(rest)
-            key, *value = _split_escaped(pair, "=")
+            key, *value = socks.split_escaped(pair, "=")
             if not rest or not name or not value or not key:
                 raise ValueError("%r is not TRANSPORT:KEY=VALUE" % item)
-            options.setdefault(_unescape(name), {})[_unescape(key)] = _unescape("=".join(value))
+            value = socks.unescape("=".join(value))
+            options.setdefault(socks.unescape(name), {})[socks.unescape(key)] = value
     except ValueError as exc:
         raise EnvError("TOR_PT_SERVER_TRANSPORT_OPTIONS: %s" % exc)
     return options
