@@ -1,0 +1,787 @@
+"""Tests for webtunnel.py, the sans-IO webtunnel transport.
+
+Known answers: the synthetic address of the upstream server (checked against it),
+and the exact bytes of the request (lyrebird's Go client: request line, Host,
+User-Agent, then the other headers sorted, as Go's net/http Request.write puts
+them) and of the 101 (the upstream server's). They are written out here, never
+taken from webtunnel.py.
+
+Pairs run in memory, driven as the core drives a transport: ``start()``, then
+``receive()`` on whatever arrived (whole, byte by byte, or split at random),
+``data_to_send()`` polled after every ``receive()``. TLS pairs use a test CA
+(tests/testca.py) for wt.test; where a test must see the plaintext on the other
+side of TLS, the other end is a bare ``ssl.SSLObject`` (``Raw``).
+"""
+
+import random
+import ssl
+
+import pytest
+import testca
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import webtunnel
+from webtunnel import WebTunnel
+
+URL = "https://wt.test/k7Qm2Zx1c1b00b6"
+PLAIN_URL = "http://wt.test/k7Qm2Zx1c1b00b6"
+
+# The client's request, as lyrebird's Go client writes it for URL.
+REQUEST = (b"GET /k7Qm2Zx1c1b00b6 HTTP/1.1\r\n"
+           b"Host: wt.test\r\n"
+           b"User-Agent: Go-http-client/1.1\r\n"
+           b"Connection: upgrade\r\n"
+           b"Upgrade: websocket\r\n"
+           b"\r\n")
+# The server's answer, as the upstream Go server writes it.
+SWITCHING = (b"HTTP/1.1 101 Switching Protocols\r\n"
+             b"Connection: upgrade\r\n"
+             b"Upgrade: websocket\r\n"
+             b"\r\n")
+NOT_FOUND_BODY = (b"<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n"
+                  b"<center><h1>404 Not Found</h1></center>\r\n</body>\r\n</html>\r\n")
+NOT_FOUND = (b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\nContent-Length: 118\r\n"
+             b"Connection: close\r\n\r\n" + NOT_FOUND_BODY)
+BAD_REQUEST_HEAD = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/html\r\nContent-Length: "
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                      HealthCheck.function_scoped_fixture])
+
+
+# --- Fixtures and drivers -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory):
+    return testca.make_ca(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory):
+    return testca.make_ca(tmp_path_factory.mktemp("other-ca"))
+
+
+@pytest.fixture
+def trusted(ca, monkeypatch):
+    """The test CA is the only root, through SSL_CERT_FILE, as for Go and Tor Browser."""
+    monkeypatch.setenv("SSL_CERT_FILE", ca.ca_file)
+    return ca
+
+
+def tls_configs(ca, **client_options):
+    client = WebTunnel.client_config(dict({"url": URL}, **client_options))
+    server, _ = WebTunnel.server_config({"url": URL, "tls-cert": ca.cert_file,
+                                         "tls-key": ca.key_file}, None)
+    return client, server
+
+
+def plain_configs(**client_options):
+    client = WebTunnel.client_config(dict({"url": PLAIN_URL}, **client_options))
+    server, _ = WebTunnel.server_config({"url": URL}, None)
+    return client, server
+
+
+def noise(n, seed):
+    """n reproducible random bytes (Python 3.8 has no Random.randbytes)."""
+    return random.Random(seed).getrandbits(8 * n).to_bytes(n, "big") if n else b""
+
+
+def whole(data):
+    return [data] if data else []
+
+
+def bytewise(data):
+    return [data[i:i + 1] for i in range(len(data))]
+
+
+def random_splits(seed):
+    rng = random.Random(seed)
+
+    def split(data):
+        pieces, i = [], 0
+        while i < len(data):
+            n = rng.choice((1, 2, 3, 5, 17, 100, 1000, 5000))
+            pieces.append(data[i:i + n])
+            i += n
+        return pieces
+    return split
+
+
+def drive(client, server, split=whole, greetings=(b"", b"")):
+    """Run a pair to quiescence; each side sends its greeting the moment it opens.
+    Returns (plaintext the client received, plaintext the server received)."""
+    sides = (client, server)
+    wires = [bytearray(client.start()), bytearray(server.start())]   # wires[i]: from side i
+    got = [bytearray(), bytearray()]
+    greeted = [False, False]
+    for _ in range(100):
+        moved = False
+        for i in (0, 1):
+            side, peer = sides[i], 1 - i
+            if not greeted[i] and side.is_open:
+                greeted[i] = True
+                wires[i] += side.send(greetings[i]) if greetings[i] else b""
+            if wires[peer]:
+                moved = True
+                data, wires[peer] = bytes(wires[peer]), bytearray()
+                for piece in split(data):
+                    got[i] += sides[i].receive(piece)
+                    wires[i] += sides[i].data_to_send()
+        if not moved and all(greeted):
+            break
+    return bytes(got[0]), bytes(got[1])
+
+
+class Raw:
+    """A bare SSLObject: the far end of a TLS test whose plaintext we must see."""
+
+    def __init__(self, context, server_side, hostname=None):
+        self.inc, self.out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.inc, self.out, server_side=server_side,
+                                    server_hostname=hostname)
+        self.up = False
+        self.closed = False          # the peer's close_notify came
+
+    def feed(self, data):
+        """Feed wire bytes; return the plaintext they carried."""
+        self.inc.write(data)
+        if not self.up:
+            try:
+                self.tls.do_handshake()
+                self.up = True
+            except ssl.SSLWantReadError:
+                return b""
+        pieces = []
+        try:
+            while True:
+                piece = self.tls.read(65536)
+                if not piece:
+                    self.closed = True
+                    break
+                pieces.append(piece)
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLZeroReturnError:
+            self.closed = True
+        return b"".join(pieces)
+
+    def hello(self):
+        try:
+            self.tls.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        return self.out.read()
+
+
+def raw_server(ca):
+    """A bare TLS server for wt.test that offers http/1.1 and notes the SNI it got."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(ca.cert_file, ca.key_file)
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    raw = Raw(context, True)
+    raw.sni = []
+    context.sni_callback = lambda tls, name, ctx: raw.sni.append(name)
+    return raw
+
+
+def raw_client(ca):
+    return Raw(ssl.create_default_context(cafile=ca.ca_file), False, "wt.test")
+
+
+def exchange(ours, raw, first=b"", rounds=6):
+    """TLS between one of ours and a Raw peer; returns (ours' plaintext, raw's plaintext)."""
+    ours_got, raw_got = bytearray(), bytearray()
+    to_raw = bytearray(ours.start())
+    to_ours = bytearray(first)
+    for _ in range(rounds):
+        raw_got += raw.feed(bytes(to_raw))
+        to_raw.clear()
+        to_ours += raw.out.read()
+        if to_ours:
+            ours_got += ours.receive(bytes(to_ours))
+            to_ours.clear()
+        to_raw += ours.data_to_send()
+    return bytes(ours_got), bytes(raw_got)
+
+
+# --- Known answers ----------------------------------------------------------------
+
+def test_synthetic_address_matches_the_upstream_server():
+    assert webtunnel.synthetic_address(URL) == ("2001:db8:1ac9:9c21:b12c:aaf1:5042:4890", 443)
+    config, announce = WebTunnel.server_config({"url": URL}, None)
+    assert WebTunnel.public_address(config, ("127.0.0.1", 8080)) == (
+        "2001:db8:1ac9:9c21:b12c:aaf1:5042:4890", 443)
+    assert announce == {"url": URL, "ver": "0.0.2"}
+
+
+def test_synthetic_address_depends_on_every_byte_of_the_url():
+    assert webtunnel.synthetic_address(URL + "x")[0] != webtunnel.synthetic_address(URL)[0]
+    assert webtunnel.synthetic_address(URL + "x")[0].startswith("2001:db8:")
+
+
+def test_plain_client_sends_the_exact_request_at_once():
+    client = WebTunnel(True, WebTunnel.client_config({"url": PLAIN_URL}))
+    assert client.start() == REQUEST
+    assert not client.is_open and client.data_to_send() == b""
+
+
+def test_tls_client_sends_the_exact_request_inside_tls_and_nothing_more(trusted):
+    client = WebTunnel(True, WebTunnel.client_config({"url": URL}))
+    raw = raw_server(trusted)
+    _, seen = exchange(client, raw)
+    assert seen == REQUEST
+    assert raw.sni == ["wt.test"] and raw.tls.selected_alpn_protocol() == "http/1.1"
+
+
+@pytest.mark.parametrize("url, host, target", [
+    ("https://wt.test:8443/a/b", "wt.test", "/a/b"),
+    ("https://WT.Test/x", "WT.Test", "/x"),
+    ("https://[2001:db8::1]:8443/p", "[2001:db8::1]", "/p"),
+    ("https://wt.test", "wt.test", "/"),
+    ("https://wt.test/p?q=1", "wt.test", "/p"),
+    ("https://wt.test/a%7Eb", "wt.test", "/a%7Eb"),
+    ("https://wt.test/a b", "wt.test", "/a%20b"),
+])
+def test_host_header_and_path(url, host, target):
+    config = WebTunnel.client_config({"url": url})
+    assert webtunnel.upgrade_request(config) == (
+        "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: Go-http-client/1.1\r\n"
+        "Connection: upgrade\r\nUpgrade: websocket\r\n\r\n" % (target, host)).encode()
+
+
+def test_plain_server_answers_the_exact_101_and_keeps_trailing_bytes():
+    _, config = plain_configs()
+    server = WebTunnel(False, config)
+    assert server.start() == b""
+    assert server.receive(REQUEST + b"first stream bytes") == b"first stream bytes"
+    assert server.is_open
+    assert server.data_to_send() == SWITCHING
+    assert server.data_to_send() == b""
+
+
+def test_tls_server_answers_the_exact_101_and_keeps_trailing_bytes(ca):
+    _, config = tls_configs(ca)
+    server = WebTunnel(False, config)
+    raw = raw_client(ca)
+    server_got, client_got = bytearray(), bytearray()
+    to_server = raw.hello()
+    for _ in range(6):
+        server_got += server.receive(to_server)
+        client_got += raw.feed(server.data_to_send())
+        if raw.up and not server_got and not server.is_open:
+            raw.tls.write(REQUEST + b"early bytes")
+        to_server = raw.out.read()
+    assert server.is_open and bytes(server_got) == b"early bytes"
+    assert bytes(client_got) == SWITCHING
+    assert server.peer_address is None
+
+
+def test_not_found_page_is_exact():
+    assert webtunnel.NOT_FOUND == NOT_FOUND
+    assert len(NOT_FOUND_BODY) == 118
+    assert webtunnel.BAD_REQUEST.startswith(BAD_REQUEST_HEAD)
+
+
+# --- Pairs: handshake and data, every split -------------------------------------------
+
+@pytest.mark.parametrize("split", [whole, bytewise, random_splits(1), random_splits(2)],
+                         ids=["whole", "bytewise", "random1", "random2"])
+def test_plain_pair(split):
+    client_config, server_config = plain_configs()
+    client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
+    got = drive(client, server, split, greetings=(b"client hello " * 50, b"server hello " * 50))
+    assert got == (b"server hello " * 50, b"client hello " * 50)
+    assert not client.expensive and not server.expensive
+    assert client.send(b"abc") == b"abc" and server.receive(b"abc") == b"abc"
+
+
+@pytest.mark.parametrize("split", [whole, bytewise, random_splits(1), random_splits(2)],
+                         ids=["whole", "bytewise", "random1", "random2"])
+def test_tls_pair(trusted, split):
+    client_config, server_config = tls_configs(trusted)
+    client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
+    got = drive(client, server, split, greetings=(b"client hello " * 50, b"server hello " * 50))
+    assert got == (b"server hello " * 50, b"client hello " * 50)
+    assert client.is_open and server.is_open
+    assert client.expensive and server.expensive
+    record = client.send(b"x" * 1000)
+    assert b"x" * 100 not in record and len(record) > 1000
+    assert server.receive(record) == b"x" * 1000
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(seed=st.integers(0, 2 ** 32), size=st.integers(0, 70000), tls=st.booleans())
+def test_every_split_gives_the_same_streams(ca, seed, size, tls):
+    client_config, server_config = tls_configs(ca) if tls else plain_configs()
+    if tls:
+        client_config.context = ssl.create_default_context(cafile=ca.ca_file)
+    client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
+    up, down = noise(size, seed), b"d" * size
+    assert drive(client, server, random_splits(seed), greetings=(up, down)) == (down, up)
+
+
+def test_trailing_bytes_after_the_101_in_one_chunk():
+    client = WebTunnel(True, WebTunnel.client_config({"url": PLAIN_URL}))
+    client.start()
+    assert client.receive(SWITCHING + b"glued") == b"glued"
+    assert client.is_open
+
+
+def test_plain_in_place_only_once_open():
+    client_config, server_config = plain_configs()
+    client = WebTunnel(True, client_config)
+    buffer = bytearray(b"untouched")
+    assert client.send_in_place(memoryview(buffer)) is False
+    assert client.receive_in_place(memoryview(buffer)) is False
+    assert buffer == b"untouched"
+    client.start()
+    client.receive(SWITCHING)
+    assert client.send_in_place(memoryview(buffer)) is True
+    assert client.receive_in_place(memoryview(buffer)) is True
+    assert buffer == b"untouched"
+
+
+def test_tls_never_in_place(trusted):
+    client_config, server_config = tls_configs(trusted)
+    client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
+    drive(client, server)
+    assert client.is_open
+    assert client.send_in_place(memoryview(bytearray(b"x"))) is False
+    assert server.receive_in_place(memoryview(bytearray(b"x"))) is False
+
+
+def test_send_before_open_is_a_misuse():
+    client = WebTunnel(True, WebTunnel.client_config({"url": PLAIN_URL}))
+    with pytest.raises(RuntimeError):
+        client.send(b"too early")
+
+
+# --- The client: what opens the tunnel and what does not -------------------------------
+
+def plain_client():
+    client = WebTunnel(True, WebTunnel.client_config({"url": PLAIN_URL}))
+    client.start()
+    return client
+
+
+@pytest.mark.parametrize("head", [
+    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\n\r\n",
+    b"HTTP/1.1 101 Switching Protocols\r\nConnection: keep-alive, upgrade\r\n"
+    b"Upgrade: websocket\r\nServer: nginx\r\n\r\n",
+])
+def test_client_accepts_a_101_in_other_spellings(head):
+    client = plain_client()
+    assert client.receive(head) == b"" and client.is_open
+
+
+def test_client_refuses_a_404_in_words_a_user_can_act_on():
+    client = plain_client()
+    with pytest.raises(webtunnel.ProtocolError) as caught:
+        client.receive(NOT_FOUND)
+    assert str(caught.value) == ("the server answered 'HTTP/1.1 404 Not Found', not 101 Switching "
+                                 "Protocols: check the path in url=")
+    assert not client.is_open and client.state == webtunnel.FAILED
+
+
+@pytest.mark.parametrize("head, words", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", "'HTTP/1.1 200 OK'"),
+    (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n", "h2c"),
+    (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", "proxy_http_version"),
+    (b"HTTP/1.0 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+     "'HTTP/1.0 101"),
+    (b"HTTP/1.1 101 Switching Protocols Now\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+     "Now"),
+    (b"HTTP/1.1 302 Found\r\nLocation: https://elsewhere.test/\r\n\r\n", "elsewhere.test"),
+    (b"HTTP/1.1 502 Bad Gateway\r\n\r\n", "bridge"),
+    (b"SSH-2.0-OpenSSH_9.2\r\n", "not HTTP"),
+    (b"\x00\x01\x02garbage", "not HTTP"),
+])
+def test_client_refuses_anything_but_our_101(head, words):
+    for split in (whole, bytewise):
+        client = plain_client()
+        with pytest.raises(webtunnel.ProtocolError) as caught:
+            for piece in split(head + b"after"):
+                client.receive(piece)
+        assert words in str(caught.value)
+        assert not client.is_open
+
+
+def test_client_head_limit_is_16_kib_with_the_terminator():
+    filler = b"X-Filler: %s\r\n"
+    base = len(SWITCHING) + len(filler) - 2
+    fits = SWITCHING[:-2] + filler % (b"a" * (webtunnel.MAX_HEAD - base)) + b"\r\n"
+    assert len(fits) == webtunnel.MAX_HEAD == 16384
+    client = plain_client()
+    assert client.receive(fits + b"data") == b"data" and client.is_open
+    too_long = SWITCHING[:-2] + filler % (b"a" * (webtunnel.MAX_HEAD - base + 1)) + b"\r\n"
+    client = plain_client()
+    with pytest.raises(webtunnel.ProtocolError, match="longer than 16384"):
+        for piece in bytewise(too_long):
+            client.receive(piece)
+
+
+def test_client_refuses_a_close_notify_before_the_101(trusted):
+    client = WebTunnel(True, WebTunnel.client_config({"url": URL}))
+    raw = raw_server(trusted)
+    exchange(client, raw)
+    assert raw.up and client.state == webtunnel.WAIT_RESPONSE
+    raw.tls.write(b"HTTP/1.1 101 Switching")
+    try:
+        raw.tls.unwrap()
+    except ssl.SSLWantReadError:
+        pass
+    with pytest.raises(webtunnel.ProtocolError, match="closed TLS before its answer"):
+        client.receive(raw.out.read())
+
+
+def test_failure_hints_say_where_it_stopped(trusted):
+    client = WebTunnel(True, WebTunnel.client_config({"url": URL}))
+    client.start()
+    assert "answered nothing like a web server" in client.failure_hint("timeout")
+    assert "wt.test:443 closed the connection" in client.failure_hint("closed")
+    plain = plain_client()
+    assert "/k7Qm2Zx1c1b00b6" in plain.failure_hint("timeout")
+    assert plain.failure_hint("protocol") == ""
+    assert WebTunnel(False, plain_configs()[1]).failure_hint("timeout") == ""
+
+
+# --- TLS trust -----------------------------------------------------------------------
+
+def test_ssl_cert_file_is_honoured(ca, monkeypatch):
+    monkeypatch.setenv("SSL_CERT_FILE", ca.ca_file)
+    client_config, server_config = tls_configs(ca)
+    assert client_config.context.verify_mode == ssl.CERT_REQUIRED
+    assert client_config.context.check_hostname
+    client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
+    drive(client, server)
+    assert client.is_open and server.is_open
+
+
+def test_a_replaced_context_is_used(ca, other_ca, monkeypatch):
+    monkeypatch.setenv("SSL_CERT_FILE", other_ca.ca_file)     # would not trust ca's leaf
+    client_config, server_config = tls_configs(ca)
+    client_config.context = ssl.create_default_context(cafile=ca.ca_file)
+    client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
+    drive(client, server)
+    assert client.is_open and server.is_open
+
+
+def test_an_untrusted_ca_is_a_protocol_error(ca, other_ca, monkeypatch):
+    monkeypatch.setenv("SSL_CERT_FILE", other_ca.ca_file)
+    client_config, server_config = tls_configs(ca)
+    client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
+    with pytest.raises(webtunnel.ProtocolError) as caught:
+        drive(client, server)
+    message = str(caught.value)
+    assert message.startswith("TLS: the certificate for wt.test did not verify (")
+    assert message.endswith("): check servername= and the CA roots (SSL_CERT_FILE)")
+    assert caught.value.reply[:1] == b"\x15"           # OpenSSL's alert, for the core to send
+    assert not client.is_open
+
+
+def test_a_certificate_for_another_name_is_a_protocol_error_naming_it(trusted):
+    client_config, server_config = tls_configs(trusted, servername="other.test")
+    client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
+    with pytest.raises(webtunnel.ProtocolError, match="certificate for other.test did not verify"):
+        drive(client, server)
+
+
+def test_tls_client_against_a_plain_server(trusted):
+    client = WebTunnel(True, WebTunnel.client_config({"url": URL}))
+    server = WebTunnel(False, plain_configs()[1])
+    with pytest.raises(webtunnel.ProtocolError) as caught:
+        server.receive(client.start())
+    assert caught.value.reply.startswith(BAD_REQUEST_HEAD)
+    with pytest.raises(webtunnel.ProtocolError, match="did not answer in TLS"):
+        client.receive(caught.value.reply)
+
+
+def test_plain_client_against_a_tls_server(ca):
+    client = WebTunnel(True, WebTunnel.client_config({"url": PLAIN_URL}))
+    server = WebTunnel(False, tls_configs(ca)[1])
+    with pytest.raises(webtunnel.ProtocolError, match="plain HTTP to our TLS port") as caught:
+        server.receive(client.start())
+    assert caught.value.reply.startswith(BAD_REQUEST_HEAD)
+
+
+# --- The server: only our upgrade gets a 101 ----------------------------------------------
+
+def plain_server():
+    return WebTunnel(False, WebTunnel.server_config({"url": URL}, None)[0])
+
+
+def refused(request, split=whole):
+    server = plain_server()
+    with pytest.raises(webtunnel.ProtocolError) as caught:
+        for piece in split(request):
+            server.receive(piece)
+            assert server.data_to_send() == b""
+    assert not server.is_open and server.data_to_send() == b""
+    assert b" 101 " not in caught.value.reply
+    return caught.value
+
+
+@pytest.mark.parametrize("request_bytes", [
+    REQUEST.replace(b"/k7Qm2Zx1c1b00b6", b"/k7Qm2Zx1c1b00b7"),
+    REQUEST.replace(b"/k7Qm2Zx1c1b00b6", b"/"),
+    REQUEST.replace(b"/k7Qm2Zx1c1b00b6", b"/k7Qm2Zx1c1b00b6/"),
+    REQUEST.replace(b"Upgrade: websocket\r\n", b""),
+    REQUEST.replace(b"Connection: upgrade\r\n", b""),
+    REQUEST.replace(b"Connection: upgrade", b"Connection: keep-alive"),
+    REQUEST.replace(b"Upgrade: websocket", b"Upgrade: h2c"),
+    REQUEST.replace(b"GET", b"POST"),
+    REQUEST.replace(b"HTTP/1.1", b"HTTP/1.0"),
+], ids=["wrong-path", "root", "trailing-slash", "no-upgrade", "no-connection", "keep-alive",
+        "h2c", "post", "http10"])
+def test_server_answers_404_to_anything_but_our_upgrade(request_bytes):
+    for split in (whole, bytewise):
+        error = refused(request_bytes, split)
+        assert error.reply == NOT_FOUND
+        assert "answered 404" in str(error)
+
+
+def test_server_accepts_a_query_string_and_header_spellings():
+    server = plain_server()
+    request = (b"GET /k7Qm2Zx1c1b00b6?x=1 HTTP/1.1\r\nhost: wt.test\r\n"
+               b"connection: Keep-Alive, UPGRADE\r\nupgrade: WebSocket\r\n\r\n")
+    assert server.receive(request) == b"" and server.is_open
+    assert server.data_to_send() == SWITCHING
+
+
+@pytest.mark.parametrize("junk", [
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",          # a TLS ClientHello
+    b"SSH-2.0-OpenSSH_9.2\r\n",
+    b"GET / HTTP/1.1\nHost: x\n\n",                           # bare LF
+    b"GET  /k7Qm2Zx1c1b00b6 HTTP/1.1\r\n\r\n",
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    REQUEST.replace(b"Host: wt.test", b"Host wt.test"),
+    REQUEST.replace(b"Host: wt.test\r\n", b"Host: wt.test\r\n folded\r\n"),
+    noise(300, seed=7),
+])
+def test_server_answers_400_to_what_is_not_http(junk):
+    for split in (whole, bytewise):
+        error = refused(junk, split)
+        assert error.reply.startswith(BAD_REQUEST_HEAD)
+        assert "answered 400" in str(error)
+
+
+def test_server_head_limit_is_16_kib():
+    head = REQUEST[:-2] + b"X-Filler: " + b"a" * webtunnel.MAX_HEAD + b"\r\n\r\n"
+    error = refused(head, lambda data: [data[i:i + 1000] for i in range(0, len(data), 1000)])
+    assert error.reply.startswith(BAD_REQUEST_HEAD) and "longer than 16384" in str(error)
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(junk=st.binary(min_size=1, max_size=400))
+def test_random_bytes_never_get_a_101(junk):
+    server = plain_server()
+    try:
+        server.receive(junk)
+    except webtunnel.ProtocolError as error:
+        assert error.reply[:13] in (b"HTTP/1.1 400 ", b"HTTP/1.1 404 ")
+    assert not server.is_open and server.data_to_send() == b""
+
+
+def test_tls_server_404_is_encrypted_and_ends_with_close_notify(ca):
+    _, config = tls_configs(ca)
+    server = WebTunnel(False, config)
+    raw = raw_client(ca)
+    to_server, seen = raw.hello(), bytearray()
+    with pytest.raises(webtunnel.ProtocolError) as caught:
+        for _ in range(6):
+            server.receive(to_server)
+            seen += raw.feed(server.data_to_send())
+            if raw.up:
+                raw.tls.write(REQUEST.replace(b"/k7Qm", b"/nope"))
+            to_server = raw.out.read()
+    assert NOT_FOUND not in caught.value.reply                 # encrypted on the wire
+    seen += raw.feed(caught.value.reply)
+    assert bytes(seen) == NOT_FOUND
+    assert raw.closed                                           # and then the close_notify
+
+
+# --- X-Forwarded-For -----------------------------------------------------------------
+
+@pytest.mark.parametrize("header, address", [
+    (b"X-Forwarded-For: 203.0.113.7\r\n", ("203.0.113.7", 60000)),
+    (b"X-Forwarded-For: 203.0.113.7, 10.0.0.1\r\n", ("203.0.113.7", 60000)),
+    (b"x-forwarded-for:2001:db8::7 ,10.0.0.1\r\n", ("2001:db8::7", 60000)),
+    (b"X-Forwarded-For: 203.0.113.7\r\nX-Forwarded-For: 198.51.100.1\r\n", ("203.0.113.7", 60000)),
+    (b"X-Forwarded-For: 203.0.113.7:4444\r\n", None),
+    (b"X-Forwarded-For: unknown\r\n", None),
+    (b"X-Forwarded-For: \r\n", None),
+    (b"", None),
+])
+def test_peer_address_from_x_forwarded_for(header, address):
+    server = plain_server()
+    server.receive(REQUEST[:-2] + header + b"\r\n")
+    assert server.is_open
+    assert server.peer_address == address
+
+
+def test_x_forwarded_for_is_ignored_when_we_terminate_tls(ca):
+    _, config = tls_configs(ca)
+    server = WebTunnel(False, config)
+    raw = raw_client(ca)
+    to_server = raw.hello()
+    for _ in range(6):
+        server.receive(to_server)
+        raw.feed(server.data_to_send())
+        if raw.up and not server.is_open:
+            raw.tls.write(REQUEST[:-2] + b"X-Forwarded-For: 203.0.113.7\r\n\r\n")
+        to_server = raw.out.read()
+    assert server.is_open and server.peer_address is None
+
+
+# --- close_notify and half-close -----------------------------------------------------
+
+def tls_pair(ca):
+    client_config, server_config = tls_configs(ca)
+    client_config.context = ssl.create_default_context(cafile=ca.ca_file)
+    client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
+    drive(client, server)
+    assert client.is_open and server.is_open
+    return client, server
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+def test_the_side_that_sent_close_notify_still_reads(ca, version):
+    client_config, server_config = tls_configs(ca)
+    client_config.context = ssl.create_default_context(cafile=ca.ca_file)
+    client_config.context.maximum_version = version
+    client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
+    drive(client, server)
+    close_notify = client.end()
+    assert close_notify[:1] == b"\x15" or version == ssl.TLSVersion.TLSv1_3   # 1.3: alerts look like data
+    assert close_notify and client.end() == b""
+    assert server.receive(close_notify) == b"" and server.peer_ended
+    # Half-close: the server's direction still flows to the client that ended its own.
+    assert client.receive(server.send(b"after your close_notify")) == b"after your close_notify"
+    assert client.receive(server.end()) == b"" and client.peer_ended
+    assert client.receive(b"anything after it") == b""
+
+
+def test_a_record_half_received_when_we_end_still_arrives(ca):
+    client, server = tls_pair(ca)
+    record = server.send(b"split record")
+    assert client.receive(record[:7]) == b""
+    close_notify = client.end()
+    assert close_notify
+    assert client.receive(record[7:]) == b"split record"
+
+
+def test_close_notify_glued_to_data_ends_the_stream_there(ca):
+    client, server = tls_pair(ca)
+    wire = server.send(b"last words") + server.end() + b"ignored trailing bytes"
+    assert client.receive(wire) == b"last words"
+    assert client.peer_ended
+    assert client.send(b"still allowed")        # our direction is still open
+
+
+def test_end_without_tls_or_before_the_handshake_is_empty(ca):
+    client, server = WebTunnel(True, plain_configs()[0]), plain_server()
+    drive(client, server)
+    assert client.is_open and client.end() == b"" and server.end() == b""
+    fresh = WebTunnel(True, tls_configs(ca)[0])
+    fresh.start()
+    assert fresh.end() == b""
+
+
+def test_a_bad_record_in_the_data_phase_keeps_what_came_before(ca):
+    client, server = tls_pair(ca)
+    good = server.send(b"good")
+    bad = bytearray(server.send(b"tampered"))
+    bad[-1] ^= 1
+    with pytest.raises(webtunnel.ProtocolError) as caught:
+        client.receive(good + bytes(bad))
+    assert caught.value.data == b"good"
+
+
+# --- Configuration -------------------------------------------------------------------
+
+def test_client_config_defaults():
+    https = WebTunnel.client_config({"url": URL, "ver": "0.0.2"})
+    assert https.tls and https.address == ("wt.test", 443) and https.servername == "wt.test"
+    assert isinstance(https.context, ssl.SSLContext) and https.notes == ()
+    http = WebTunnel.client_config({"url": "http://wt.test:8080/p"})
+    assert not http.tls and http.address == ("wt.test", 8080) and http.context is None
+
+
+def test_servername_list_gives_routes_in_order_to_the_url_host():
+    config = WebTunnel.client_config({"url": "https://cdn.test:8443/p",
+                                      "servername": "a.test, b.test,c.test"})
+    routes = WebTunnel.routes(config, ("2001:db8::1", 443))
+    assert [(address, route.servername) for address, route in routes] == [
+        (("cdn.test", 8443), "a.test"), (("cdn.test", 8443), "b.test"), (("cdn.test", 8443), "c.test")]
+    assert config.servername == "a.test"            # the original is not changed
+
+
+@pytest.mark.parametrize("addr, address", [("192.0.2.9:444", ("192.0.2.9", 444)),
+                                           ("[2001:db8::9]:443", ("2001:db8::9", 443)),
+                                           ("front.test:80", ("front.test", 80))])
+def test_addr_is_where_the_client_dials(addr, address):
+    config = WebTunnel.client_config({"url": URL, "addr": addr})
+    assert WebTunnel.routes(config, ("2001:db8::1", 443)) == [(address, config)]
+    assert webtunnel.upgrade_request(config) == REQUEST
+
+
+@pytest.mark.parametrize("addr", ["2001:db8::9:443", "host", "host:0", "host:99999", ":443"])
+def test_bad_addr_is_refused(addr):
+    with pytest.raises(ValueError, match="addr="):
+        WebTunnel.client_config({"url": URL, "addr": addr})
+
+
+def test_utls_becomes_a_note_that_says_what_the_client_hello_is():
+    config = WebTunnel.client_config({"url": URL, "utls": "hellochrome_auto"})
+    assert len(config.notes) == 1
+    note = config.notes[0]
+    assert "\n" not in note and ssl.OPENSSL_VERSION in note and "hellochrome_auto" in note
+    assert "censor" in note and "browser" in note
+
+
+@pytest.mark.parametrize("option", ["cert", "cert-domain", "sni-imitation"])
+def test_what_we_cannot_do_is_refused(option):
+    with pytest.raises(ValueError) as caught:
+        WebTunnel.client_config({"url": URL, option: "x"})
+    message = str(caught.value)
+    assert message.startswith(option + "=") and "remove " + option + "=" in message
+
+
+def test_unknown_and_bad_client_arguments():
+    with pytest.raises(ValueError, match="unknown webtunnel argument.*frobnicate.*url, servername"):
+        WebTunnel.client_config({"url": URL, "frobnicate": "1"})
+    with pytest.raises(ValueError, match="url="):
+        WebTunnel.client_config({})
+    with pytest.raises(ValueError, match="url=ftp://wt.test/p"):
+        WebTunnel.client_config({"url": "ftp://wt.test/p"})
+    with pytest.raises(ValueError, match="url="):
+        WebTunnel.client_config({"url": "https://wt.test:port/p"})
+    with pytest.raises(ValueError, match="servername="):
+        WebTunnel.client_config({"url": URL, "servername": " , "})
+
+
+def test_server_config_errors(ca, tmp_path):
+    with pytest.raises(ValueError, match="^missing url parameter$"):
+        WebTunnel.server_config({}, None)
+    with pytest.raises(ValueError, match="tls-cert= and tls-key="):
+        WebTunnel.server_config({"url": URL, "tls-cert": ca.cert_file}, None)
+    missing = str(tmp_path / "missing.pem")
+    with pytest.raises(OSError, match=missing):
+        WebTunnel.server_config({"url": URL, "tls-cert": missing, "tls-key": missing}, None)
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello\n")
+    with pytest.raises(ValueError, match=str(not_pem)):
+        WebTunnel.server_config({"url": URL, "tls-cert": str(not_pem), "tls-key": str(not_pem)}, None)
+    with pytest.raises(ValueError, match="frobnicate"):
+        WebTunnel.server_config({"url": URL, "frobnicate": "1"}, None)
+
+
+def test_contract_attributes():
+    assert WebTunnel.name == "webtunnel"
+    assert WebTunnel.secret_options == () and WebTunnel.uses_state_dir is False
+    assert getattr(WebTunnel, "prepare", lambda *args: None)(True, None) is None
+    error = webtunnel.ProtocolError("words")
+    assert error.reply == b"" and error.data == b""
+    assert WebTunnel.ProtocolError is webtunnel.ProtocolError
+    config, _ = WebTunnel.server_config({"url": URL}, None)
+    assert config.context is None and config.notes == ()

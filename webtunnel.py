@@ -1,0 +1,809 @@
+r"""webtunnel: HTTPS camouflage for Tor, as a sans-IO implementation of both ends.
+
+What webtunnel is, and what it is not
+-------------------------------------
+webtunnel makes a Tor bridge connection look like a visit to an ordinary web
+site. The client opens TLS to a real web server, asks it for a secret path with
+an HTTP/1.1 Upgrade request, and once the server answers ``101 Switching
+Protocols`` the TLS connection carries Tor's bytes raw, in both directions, with
+no framing. On the server side a reverse proxy (nginx, a CDN) terminates TLS,
+serves a cover site on every other path, and hands the secret path alone to the
+webtunnel server, which speaks plain HTTP behind it.
+
+* It is not WebSocket. There is no ``Sec-WebSocket-Key``, no RFC 6455 framing:
+  the upgrade only *looks like* one from outside the TLS.
+* The TLS is the cover's, not a protection of ours. Confidentiality and
+  integrity of Tor's traffic come from Tor's own TLS inside the tunnel.
+* The secret path is a bearer token. Anyone holding the bridge line can confirm
+  the bridge; a prober without it only ever sees the cover site.
+* An ``http://`` URL means no TLS at all: the request, the path and everything
+  after it cross the network in clear (for tests, or behind another tunnel).
+
+The client, step by step (``initiator=True``)
+---------------------------------------------
+1. Dial the host and port of ``url=`` (or ``addr=``), *not* the bridge line's
+   address: that is a synthetic placeholder (see the server's step 5). This is
+   ``routes()``: one route per ``servername=`` candidate, tried in turn.
+2. ``https``: TLS with SNI = ``servername`` (default: the URL's host), the
+   certificate verified against the system roots (``SSL_CERT_FILE`` replaces
+   them), ALPN ``http/1.1``. ``start()`` is the ClientHello. ``http``: no TLS,
+   and ``start()`` is already step 3's request.
+3. Once TLS is up, the request, exactly as lyrebird's Go client writes it (Go's
+   ``net/http`` puts Host, then User-Agent, then the other headers sorted)::
+
+       GET /<escaped path of url=> HTTP/1.1\r\n
+       Host: <host of url=, no port; IPv6 in brackets>\r\n
+       User-Agent: Go-http-client/1.1\r\n
+       Connection: upgrade\r\n
+       Upgrade: websocket\r\n
+       \r\n
+
+   Nothing else is ever sent before the 101.
+4. Read the response head (at most ``MAX_HEAD`` bytes). Only the status line
+   ``HTTP/1.1 101 Switching Protocols`` with ``Upgrade: websocket`` and a
+   ``Connection`` list holding ``upgrade`` (values case-insensitive) opens the
+   tunnel; anything else is a ``ProtocolError`` that says what came back and
+   what to check.
+5. Data: a raw byte stream both ways. Bytes glued behind the response head are
+   the first stream bytes (``receive()`` returns them; the Go client drops them).
+
+The server, step by step (``initiator=False``)
+----------------------------------------------
+1. Plain HTTP behind a reverse proxy by default. With ``tls-cert=`` and
+   ``tls-key=`` it terminates TLS itself: it is then the front, facing clients.
+2. Read the request head (at most ``MAX_HEAD`` bytes); bytes after it are
+   stream bytes.
+3. Require method ``GET``, ``HTTP/1.1``, the exact path of ``url=`` (a query
+   string is ignored), a ``Connection`` list holding ``upgrade`` and an
+   ``Upgrade`` list holding ``websocket``. The upstream Go server checks only the
+   two headers and leaves the path to the proxy; checking it here costs nothing.
+4. Answer exactly::
+
+       HTTP/1.1 101 Switching Protocols\r\n
+       Connection: upgrade\r\n
+       Upgrade: websocket\r\n
+       \r\n
+
+   Anything else is answered as a small web server would, never with a 101:
+   ``404 Not Found`` for a well-formed request that is not our upgrade,
+   ``400 Bad Request`` for bytes that are not HTTP or a head over
+   ``MAX_HEAD``. The answer rides on the ``ProtocolError`` (``.reply``) so that
+   the core sends it and closes with a FIN.
+5. Managed mode announces ``url=<url>,ver=0.0.2`` at a synthetic address, not
+   the listener's: the IPv6 address ``2001:db8::/32`` (documentation range) whose
+   last 12 bytes are bytes 4..15 of SHA-256("WEBTUNNEL+" + url), port 443
+   (``synthetic_address``). The real client address, for Tor's Extended ORPort,
+   is the first element of ``X-Forwarded-For`` with port 60000 (``peer_address``),
+   behind a proxy only.
+
+Notation (spec term -> code)
+----------------------------
+============================  =====================================================
+url=                          ``ClientConfig.url``, ``ServerConfig.url``
+/<escaped path>               ``request_target(url)`` (Go's ``url.EscapedPath``)
+Host header                   ``host_header(url)`` (Go's ``url.Hostname``, bracketed)
+servername= (SNI list)        ``ClientConfig.servernames``; this route's: ``.servername``
+addr=                         ``ClientConfig.address`` (where to dial)
+the request, the 101          ``upgrade_request(config)``, ``SWITCHING_PROTOCOLS``
+head limit                    ``MAX_HEAD`` = 16 KiB, terminator included
+synthetic address             ``synthetic_address(url)``, ``WebTunnel.public_address``
+X-Forwarded-For               ``WebTunnel.peer_address``, port ``FORWARDED_PORT``
+TLS as bytes                  ``ssl.SSLObject`` over two ``ssl.MemoryBIO`` (``_tls``)
+close_notify                  ``WebTunnel.end()``
+============================  =====================================================
+
+States (``WebTunnel.state``)::
+
+    client, https:  TLS_HANDSHAKE --TLS up, request written--> WAIT_RESPONSE --101--> OPEN
+    client, http:   start() = request -----------------------> WAIT_RESPONSE --101--> OPEN
+    server, TLS:    TLS_HANDSHAKE --TLS up--> WAIT_REQUEST --our upgrade, 101 owed--> OPEN
+    server, plain:                            WAIT_REQUEST --our upgrade, 101 owed--> OPEN
+
+    any state --TLS failure, not a 101, not our upgrade--> FAILED
+                (ProtocolError; a server's carries the 404/400 page in .reply)
+    OPEN --peer's close_notify--> OPEN, peer_ended: receive() returns b"" from then on
+
+close_notify and half-close (measured: tests/test_webtunnel.py pins it)
+-----------------------------------------------------------------------
+``end()`` returns our TLS close_notify (``SSLObject.unwrap()``). OpenSSL still
+lets the side that sent close_notify read what the peer sends afterwards
+through the same ``SSLObject`` (measured with OpenSSL 3.0, TLS 1.2 and 1.3; the
+tests fail wherever that stops being true, a record half-received at end()
+included), so a half-closed tunnel keeps flowing the other way, as the core's
+per-direction EOF expects. A peer's close_notify ends its direction:
+``receive()`` returns the plaintext that came before it and b"" for anything
+after. (CPython reports a close_notify as b"" before ours went out and as
+``SSLZeroReturnError`` after; both mean the same here.) Without TLS, ``end()``
+is b"": the FIN says it all.
+
+What a censor still sees
+------------------------
+* The SNI (``servername``) in clear, the certificate, and the server's address.
+* The TLS ClientHello: this is Python's OpenSSL (``ssl.OPENSSL_VERSION``) with
+  its own cipher and extension lists and no GREASE, a JA3/JA4 fingerprint that
+  tells it from every browser and from lyrebird's uTLS. ``utls=`` cannot change
+  that here; the config says so in ``notes``.
+* TLS-in-TLS: Tor's inner TLS handshake shows through as record sizes and a
+  burst pattern; a long-lived connection to a web server with Tor's traffic shape.
+* What does not show: the path, the Upgrade exchange and every byte after them
+  are inside TLS; a prober without the path gets the cover site (or our 404).
+  Blocking the domain is collateral damage when the site is real or behind a CDN,
+  which is the point of the design.
+"""
+
+import hashlib
+import ipaddress
+import os
+import re
+import ssl
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
+from urllib.parse import quote, unquote, urlsplit
+
+VERSION = "0.0.2"                 # what the upstream server announces as ver=
+MAX_HEAD = 16 * 1024              # a request or response head, terminator included
+SYNTHETIC_PREFIX = bytes.fromhex("20010db8")   # 2001:db8::/32, the documentation range
+SYNTHETIC_SEED = "WEBTUNNEL+"
+SYNTHETIC_PORT = 443
+FORWARDED_PORT = 60000            # the port upstream pairs with X-Forwarded-For's address
+USER_AGENT = "Go-http-client/1.1"
+ALPN = ["http/1.1"]
+READ_SIZE = 16 * 1024             # one TLS record's plaintext at most
+
+SWITCHING_PROTOCOLS = (b"HTTP/1.1 101 Switching Protocols\r\n"
+                       b"Connection: upgrade\r\n"
+                       b"Upgrade: websocket\r\n"
+                       b"\r\n")
+STATUS_101 = "HTTP/1.1 101 Switching Protocols"
+
+# States.
+TLS_HANDSHAKE = "TLS_HANDSHAKE"
+WAIT_RESPONSE = "WAIT_RESPONSE"
+WAIT_REQUEST = "WAIT_REQUEST"
+OPEN = "OPEN"
+FAILED = "FAILED"
+
+# The client's options (lyrebird 0.8.1's); those we take, ignore, and refuse.
+CLIENT_OPTIONS = ("url", "servername", "addr", "utls", "ver")
+REFUSED_CLIENT_OPTIONS = {
+    "cert": "cert= (lyrebird's certificate-chain pin) cannot be checked by this implementation: "
+            "remove cert= from the bridge line (the certificate is still verified against the CA roots)",
+    "cert-domain": "cert-domain= goes with cert=, which this implementation cannot check: "
+                   "remove cert-domain= (and cert=) from the bridge line",
+    "sni-imitation": "sni-imitation= (a different SNI than the certificate's name) is not supported "
+                     "by this implementation: remove sni-imitation= and give the name in servername=",
+}
+SERVER_OPTIONS = ("url", "tls-cert", "tls-key")
+
+
+class ProtocolError(Exception):
+    """The peer is not speaking webtunnel to us: a TLS failure, an answer that is
+    not our 101, a request that is not our upgrade.
+
+    ``.reply``: bytes to send before closing (a server's 404 or 400 page, TLS
+    records and close_notify when it terminates TLS; a TLS alert). ``.data``:
+    plaintext decoded before the error, which the relay still delivers. What
+    happens next: the caller sends ``.reply`` and closes with a FIN.
+    """
+
+    reply = b""
+    data = b""
+
+    def __init__(self, message, reply=b"", data=b""):
+        Exception.__init__(self, message)
+        self.reply = bytes(reply)
+        self.data = bytes(data)
+
+
+# --- The URL: what the client dials, asks for and says in Host ----------------------
+
+def _parse_url(url):
+    """(scheme, split URL, port) of an http or https URL with a host (port: the
+    scheme's default when none is written); ValueError names url=."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError("url=%s is not a valid URL (%s)" % (url, exc))
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise ValueError("url=%s: the scheme must be https (or http, without TLS), not %r"
+                         % (url, parts.scheme))
+    if not parts.hostname:
+        raise ValueError("url=%s has no host" % url)
+    return scheme, parts, port or (443 if scheme == "https" else 80)
+
+
+def _hostname(netloc):
+    """The host of a netloc as written (Go's url.Hostname: case kept, no brackets, no port)."""
+    host = netloc.rpartition("@")[2]
+    if host.startswith("["):
+        return host[1:host.find("]")]
+    return host.partition(":")[0]
+
+
+def host_header(url):
+    """The Host header lyrebird sends: the URL's host without port, IPv6 in brackets.
+
+    Go writes ``url.Hostname()`` (brackets stripped) and so sends ``Host: ::1`` for an
+    IPv6 literal, which RFC 9112 does not allow; we bracket it. A non-ASCII name is
+    sent in its IDNA form, as Go's ``cleanHost`` does.
+    """
+    host = _hostname(_parse_url(url)[1].netloc)
+    if ":" in host:
+        return "[%s]" % host.partition("%")[0]     # no zone identifier (RFC 6874)
+    try:
+        host.encode("ascii")
+    except UnicodeError:
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise ValueError("url=%s: the host is not a valid domain name" % url)
+    return host
+
+
+_PCT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_PATH_OK = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/%\[\]]*\Z")
+
+
+def request_target(url):
+    """``/`` + the URL's escaped path (Go's ``url.EscapedPath()``), no query.
+
+    The path as written when it is a valid escaping; otherwise the decoded path
+    escaped as Go escapes a path (alphanumerics and ``-._~$&+,/:;=@`` kept).
+    """
+    path = _parse_url(url)[1].path
+    if not (_PATH_OK.match(path) and not _PCT.search(path)):
+        path = quote(unquote(path), safe="$&+,/:;=@")
+    return "/" + path[1:] if path.startswith("/") else "/" + path
+
+
+def synthetic_address(url):
+    """(IPv6 text, 443): where the upstream server says it listens for ``url``.
+
+    The first 4 bytes are 20 01 0d b8; the other 12 are bytes 4..15 of
+    SHA-256("WEBTUNNEL+" + url). Tor puts it in the bridge line; clients ignore it.
+    """
+    digest = hashlib.sha256((SYNTHETIC_SEED + url).encode("utf-8")).digest()
+    return str(ipaddress.IPv6Address(SYNTHETIC_PREFIX + digest[4:16])), SYNTHETIC_PORT
+
+
+def parse_addr(text):
+    """``HOST:PORT`` or ``[IPv6]:PORT`` -> (host, port); ValueError names addr=."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError("addr=%s: write IPv6 addresses as [ADDRESS]:PORT" % text)
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("addr=%s must be HOST:PORT (IPv6: [ADDRESS]:PORT)" % text)
+    return host, int(port)
+
+
+# --- Configuration ------------------------------------------------------------------
+
+# create_default_context() reads the CA bundle: ~20 ms, far more than a handshake. One
+# context per (SSL_CERT_FILE, SSL_CERT_DIR) serves every connection; it is never changed
+# after it is made (replace config.context rather than modify it).
+_default_contexts = {}
+
+
+def default_client_context():
+    """``ssl.create_default_context()`` (system roots, or ``SSL_CERT_FILE``; the host
+    name checked) with ALPN http/1.1, made once per CA setting of the environment."""
+    key = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    context = _default_contexts.get(key)
+    if context is None:
+        context = ssl.create_default_context()
+        context.set_alpn_protocols(ALPN)
+        _default_contexts[key] = context
+    return context
+
+
+@dataclass
+class ClientConfig:
+    """What one client connection (one route) needs. ``routes()`` gives copies whose
+    ``servername`` is each candidate in turn."""
+
+    url: str
+    tls: bool
+    address: Tuple[str, int]          # where to dial: url='s host and port, or addr=
+    target: str                       # the request-target: "/" + escaped path
+    host: str                         # the Host header
+    servernames: Tuple[str, ...]      # SNI candidates, in order (https only)
+    servername: Optional[str]         # this route's SNI
+    context: Optional[ssl.SSLContext]   # None for http; tests may replace it
+    notes: Tuple[str, ...] = ()
+
+
+@dataclass
+class ServerConfig:
+    """One listener's: the URL it serves and, when it terminates TLS, its context."""
+
+    url: str
+    target: str                       # the path a client must ask for
+    context: Optional[ssl.SSLContext]   # None: plain HTTP behind a reverse proxy
+    notes: Tuple[str, ...] = ()
+
+
+def client_config(options):
+    """Check the client's arguments (lyrebird's names) and build its ClientConfig."""
+    for name in sorted(options):
+        if name in REFUSED_CLIENT_OPTIONS:
+            raise ValueError(REFUSED_CLIENT_OPTIONS[name])
+    unknown = sorted(set(options) - set(CLIENT_OPTIONS))
+    if unknown:
+        raise ValueError("unknown webtunnel argument(s): %s (webtunnel takes %s)"
+                         % (", ".join(unknown), ", ".join(CLIENT_OPTIONS)))
+    url = options.get("url")
+    if not url:
+        raise ValueError("webtunnel needs url= (the bridge line's url=https://HOST/PATH)")
+    scheme, parts, port = _parse_url(url)
+    tls = scheme == "https"
+    notes = []
+    default_host = _hostname(parts.netloc)
+    names = [name.strip() for name in options.get("servername", default_host).split(",")]
+    names = tuple(name for name in names if name)
+    if not names:
+        raise ValueError("servername= is empty (give one name, or several separated by commas)")
+    for name in names:
+        try:
+            name.encode("idna")
+        except UnicodeError:
+            raise ValueError("servername=%s: %r is not a host name" % (options["servername"], name))
+    if not tls and "servername" in options:
+        notes.append("servername= has no effect with an http:// url= (no TLS, no SNI)")
+    if "utls" in options:
+        asked = options["utls"] or "hellorandomizednoalpn"
+        wanted = ("Go's crypto/tls one" if asked.lower() == "none"
+                  else "the uTLS fingerprint asked for (utls=%s)" % asked)
+        notes.append("utls=%s: our TLS ClientHello is Python's OpenSSL one (%s), not %s, so a "
+                     "censor with a TLS-fingerprint list can tell it from a browser"
+                     % (asked, ssl.OPENSSL_VERSION, wanted))
+    if "addr" in options:
+        address = parse_addr(options["addr"])
+    else:
+        address = (unquote(default_host), port)         # an IPv6 zone (%25eth0) as %eth0
+    return ClientConfig(url=url, tls=tls, address=address, target=request_target(url),
+                        host=host_header(url), servernames=names if tls else (),
+                        servername=names[0] if tls else None,
+                        context=default_client_context() if tls else None,
+                        notes=tuple(notes))
+
+
+def server_config(options, state_dir=None):
+    """(ServerConfig, announce) for one listener; ValueError or OSError name the argument."""
+    unknown = sorted(set(options) - set(SERVER_OPTIONS))
+    if unknown:
+        raise ValueError("unknown webtunnel server option(s): %s (webtunnel takes %s)"
+                         % (", ".join(unknown), ", ".join(SERVER_OPTIONS)))
+    url = options.get("url")
+    if not url:
+        raise ValueError("missing url parameter")
+    _parse_url(url)
+    cert, key = options.get("tls-cert"), options.get("tls-key")
+    if bool(cert) != bool(key):
+        raise ValueError("tls-cert= and tls-key= go together (give both to terminate TLS here, "
+                         "or neither to serve plain HTTP behind a reverse proxy)")
+    context = None
+    if cert:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.set_alpn_protocols(ALPN)
+        try:
+            context.load_cert_chain(cert, key)
+        except ssl.SSLError as exc:
+            raise ValueError("tls-cert=%s, tls-key=%s: not a certificate and its key (%s)"
+                             % (cert, key, exc.reason or exc))
+        except OSError as exc:
+            raise OSError("tls-cert=%s, tls-key=%s: %s" % (cert, key, exc.strerror or exc))
+    config = ServerConfig(url=url, target=request_target(url), context=context)
+    return config, {"url": url, "ver": VERSION}
+
+
+# --- HTTP heads ---------------------------------------------------------------------
+
+# The first line's bytes: a request line is visible ASCII and spaces; a status line's
+# reason phrase may also hold HTAB and obs-text. The first other byte decides: CR LF ends
+# the line, anything else is not HTTP. Deciding on a prefix alone makes the outcome the
+# same for every split of the input.
+_NOT_REQUEST_LINE = re.compile(rb"[^\x20-\x7e]")
+_NOT_STATUS_LINE = re.compile(rb"[^\x09\x20-\x7e\x80-\xff]")
+_REQUEST_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) (HTTP/\d\.\d)\Z")
+_STATUS_LINE = re.compile(r"HTTP/\d\.\d \d\d\d( |\Z)")
+_BAD_FIELD_BYTE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+
+
+class HeadError(Exception):
+    """A head that is not HTTP (which byte, or which line)."""
+
+
+def first_line(buffer, not_allowed):
+    """The first line of ``buffer`` as text once its CR LF is there, else None."""
+    match = not_allowed.search(buffer, 0, MAX_HEAD)
+    if match is None:
+        if len(buffer) >= MAX_HEAD:
+            raise HeadError("no line end in the first %d bytes" % MAX_HEAD)
+        return None
+    end = match.start()
+    if buffer[end:end + 1] == b"\r" and end + 1 == len(buffer):
+        return None
+    if buffer[end:end + 2] != b"\r\n":
+        raise HeadError("byte 0x%02x at offset %d of the first line" % (buffer[end], end))
+    return buffer[:end].decode("latin-1")
+
+
+def split_head(buffer):
+    """(head lines after the first, bytes after the head) once the head is complete, else None."""
+    end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD)
+    if end < 0:
+        if len(buffer) >= MAX_HEAD:
+            raise HeadError("the head is longer than %d bytes" % MAX_HEAD)
+        return None
+    lines = bytes(buffer[:end]).decode("latin-1").split("\r\n")[1:]
+    return lines, bytes(buffer[end + 4:])
+
+
+def parse_fields(lines):
+    """{lower-case name: [values]} of header lines; HeadError for a malformed one."""
+    fields = {}
+    for line in lines:
+        name, colon, value = line.partition(":")
+        if not colon or not _FIELD_NAME.match(name) or _BAD_FIELD_BYTE.search(value):
+            raise HeadError("malformed header line %r" % line[:80])
+        fields.setdefault(name.lower(), []).append(value.strip(" \t"))
+    return fields
+
+
+def tokens(fields, name):
+    """The lower-case comma-separated tokens of every ``name`` field."""
+    return [token.strip(" \t").lower() for value in fields.get(name, ())
+            for token in value.split(",")]
+
+
+def upgrade_request(config):
+    """The exact bytes of the client's upgrade request (see step 3)."""
+    return ("GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: %s\r\n"
+            "Connection: upgrade\r\nUpgrade: websocket\r\n\r\n"
+            % (config.target, config.host, USER_AGENT)).encode("latin-1")
+
+
+def error_page(status):
+    """A small web server's error response ("404 Not Found"), closing the connection."""
+    body = ("<html>\r\n<head><title>%s</title></head>\r\n<body>\r\n"
+            "<center><h1>%s</h1></center>\r\n</body>\r\n</html>\r\n" % (status, status))
+    return ("HTTP/1.1 %s\r\nContent-Type: text/html\r\nContent-Length: %d\r\n"
+            "Connection: close\r\n\r\n%s" % (status, len(body), body)).encode("latin-1")
+
+
+NOT_FOUND = error_page("404 Not Found")
+BAD_REQUEST = error_page("400 Bad Request")
+
+
+def _status_advice(code):
+    """What to check when the answer to our upgrade has status ``code``."""
+    if code == "101":
+        return ("the reverse proxy must pass Upgrade and Connection through "
+                "(nginx: proxy_http_version 1.1 and both proxy_set_header lines)")
+    if code == "404":
+        return "check the path in url="
+    if code in ("301", "302", "303", "307", "308"):
+        return "the web server redirects: check the scheme and host in url="
+    if code in ("400", "421"):
+        return "check the host in url= and servername="
+    if code in ("502", "503", "504"):
+        return "the web server cannot reach the webtunnel bridge behind it (is the bridge running?)"
+    return "check url="
+
+
+# --- The transport ------------------------------------------------------------------
+
+class WebTunnel:
+    """One side of one webtunnel connection, with no I/O (the contract in transports.py).
+
+    Client: ``start()`` is the ClientHello (https) or the whole request (http);
+    ``receive()`` returns b"" until the 101, then the stream bytes, the first of
+    them glued to the response head. Server: ``start()`` is b""; ``receive()``
+    reads the request and leaves the 101 in ``data_to_send()``, or raises
+    ``ProtocolError`` carrying the 404/400 page in ``.reply``. Both: ``send()``
+    gives TLS records (or the bytes themselves), ``data_to_send()`` what TLS owes
+    (handshake flights, the request, the 101, session tickets), ``end()`` the
+    close_notify. Without TLS the data phase is the identity (the in-place
+    methods return True).
+    """
+
+    name = "webtunnel"
+    ProtocolError = ProtocolError
+    expensive = True            # per connection: True when this side does TLS
+    secret_options = ()
+    uses_state_dir = False
+
+    @classmethod
+    def client_config(cls, options):
+        return client_config(options)
+
+    @classmethod
+    def server_config(cls, options, state_dir=None):
+        return server_config(options, state_dir)
+
+    @classmethod
+    def routes(cls, config, requested):
+        """One route per servername, to url='s host (or addr=); ``requested`` (the bridge
+        line's synthetic address) is never dialled."""
+        if not config.tls:
+            return [(config.address, config)]
+        return [(config.address, replace(config, servername=name)) for name in config.servernames]
+
+    @classmethod
+    def public_address(cls, config, bound):
+        return synthetic_address(config.url)
+
+    def __init__(self, initiator, config, prepared=None):
+        self.initiator = initiator
+        self.config = config
+        self.peer_address = None
+        self.peer_ended = False          # the peer's close_notify came
+        self._ended = False              # ours went out
+        self._buffer = bytearray()       # a head being read
+        self._owed = bytearray()         # without TLS: the 101 to send
+        self._tls = None
+        context = config.context
+        if context is not None:
+            self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+            if initiator:
+                self._tls = context.wrap_bio(self._incoming, self._outgoing,
+                                             server_hostname=config.servername)
+            else:
+                self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self.expensive = self._tls is not None      # TLS handshakes: the core serialises them
+        if self._tls is not None:
+            self.state = TLS_HANDSHAKE
+        else:
+            self.state = WAIT_RESPONSE if initiator else WAIT_REQUEST
+
+    @property
+    def is_open(self):
+        return self.state == OPEN
+
+    # Handshake ------------------------------------------------------------------------
+
+    def start(self):
+        """Client: the ClientHello, or (http) the request. Server: b""."""
+        if self._tls is not None:
+            if self.initiator:
+                self._handshake()
+            return self._outgoing.read()
+        return upgrade_request(self.config) if self.initiator else b""
+
+    def receive(self, data):
+        """The plaintext the peer's bytes carried: b"" while handshaking, then the stream."""
+        if self.state == FAILED:
+            raise RuntimeError("webtunnel: receive() after a ProtocolError")
+        if self._tls is None:
+            if self.state == OPEN:
+                return bytes(data)
+            return self._read_head(data)
+        if self.peer_ended:
+            return b""
+        self._incoming.write(data)
+        if self.state == TLS_HANDSHAKE:
+            if not self._handshake():
+                return b""
+            if self.initiator:
+                self._tls.write(upgrade_request(self.config))
+            self.state = WAIT_REQUEST if not self.initiator else WAIT_RESPONSE
+        plaintext = self._read_tls()
+        if self.state == OPEN:
+            return plaintext
+        return self._read_head(plaintext)
+
+    def data_to_send(self):
+        if self._tls is not None:
+            return self._outgoing.read()
+        owed, self._owed = bytes(self._owed), bytearray()
+        return owed
+
+    def _handshake(self):
+        """One step of the TLS handshake: True once it is done. TLS failures become
+        ProtocolError in words a user can act on, carrying OpenSSL's alert."""
+        try:
+            self._tls.do_handshake()
+            return True
+        except ssl.SSLWantReadError:
+            return False
+        except ssl.SSLCertVerificationError as exc:
+            raise self._fail("TLS: the certificate for %s did not verify (%s): check servername= "
+                             "and the CA roots (SSL_CERT_FILE)"
+                             % (self.config.servername, exc.verify_message or exc.reason),
+                             self._outgoing.read())
+        except ssl.SSLError as exc:
+            if not self.initiator and exc.reason == "HTTP_REQUEST":
+                # Plain HTTP to our TLS port: a web server answers that in plain HTTP.
+                raise self._fail("the client spoke plain HTTP to our TLS port: answered 400",
+                                 BAD_REQUEST)
+            raise self._fail(self._tls_words(exc), self._outgoing.read())
+
+    def _tls_words(self, exc):
+        reason = exc.reason or str(exc)
+        if not self.initiator:
+            return "TLS: the client's handshake failed (%s)" % reason
+        where = "%s:%d" % self.config.address
+        if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
+            return ("TLS: %s did not answer in TLS (%s): is it an http:// server (url=), "
+                    "or is addr= wrong?" % (where, reason))
+        return "TLS: the handshake with %s (servername %s) failed (%s)" % (
+            where, self.config.servername, reason)
+
+    def _read_tls(self):
+        """Every plaintext byte the incoming TLS records hold; notes a close_notify."""
+        pieces = []
+        try:
+            while True:
+                piece = self._tls.read(READ_SIZE)
+                if not piece:            # close_notify: the peer's direction is over
+                    self.peer_ended = True
+                    break
+                pieces.append(piece)
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLZeroReturnError:   # close_notify after ours: CPython raises, not b""
+            self.peer_ended = True
+        except ssl.SSLError as exc:
+            raise self._fail("TLS: %s" % (exc.reason or exc), self._outgoing.read(), b"".join(pieces))
+        return b"".join(pieces)
+
+    def _read_head(self, data):
+        """Buffer a request (server) or response (client) head; act once it is complete.
+        Every decision rests on a prefix of the peer's bytes (the first line, then the
+        whole head), so every split of the same bytes ends the same way."""
+        self._buffer += data
+        try:
+            if self.initiator:
+                line = first_line(self._buffer, _NOT_STATUS_LINE)
+                if line is not None and not _STATUS_LINE.match(line):
+                    raise HeadError("its first line is %r" % line[:200])
+            else:
+                line = first_line(self._buffer, _NOT_REQUEST_LINE)
+                if line is not None and not _REQUEST_LINE.match(line):
+                    raise HeadError("not a request line: %r" % line[:200])
+            head = None if line is None else split_head(self._buffer)
+            if head is not None:
+                lines, rest = head
+                fields = parse_fields(lines)
+        except HeadError as exc:
+            if self.initiator:
+                raise self._fail("the server's answer is not HTTP (%s): check url= and addr=" % exc)
+            raise self._refuse(BAD_REQUEST, "not an HTTP request (%s): answered 400" % exc)
+        if head is None:
+            if self.peer_ended:     # a close_notify in the middle of the head
+                if self.initiator:
+                    raise self._fail("the server closed TLS before its answer to the upgrade was "
+                                     "complete: " + _status_advice("101"))
+                raise self._fail("the client closed TLS before its request was complete")
+            return b""
+        self._buffer = None
+        if self.initiator:
+            self._check_response(line, fields)
+        else:
+            self._check_request(line, fields)
+        self.state = OPEN
+        return rest
+
+    def _check_response(self, line, fields):
+        """Step 4: only our 101 opens the tunnel."""
+        upgrade = [value.lower() for value in fields.get("upgrade", ())]
+        if line == STATUS_101 and upgrade == ["websocket"] and "upgrade" in tokens(fields, "connection"):
+            return
+        code = line.split(" ")[1] if line.count(" ") else ""
+        if line == STATUS_101:
+            raise self._fail("the server answered 101 without Upgrade: websocket and Connection: "
+                             "upgrade (Upgrade: %r, Connection: %r): %s"
+                             % (", ".join(fields.get("upgrade", ())),
+                                ", ".join(fields.get("connection", ())), _status_advice("101")))
+        advice = _status_advice(code)
+        if code[:1] == "3" and fields.get("location"):
+            advice += " (it points to %s)" % fields["location"][0][:200]
+        raise self._fail("the server answered %r, not 101 Switching Protocols: %s"
+                         % (line[:200], advice))
+
+    def _check_request(self, line, fields):
+        """Step 3: our upgrade, or a web server's answer; note X-Forwarded-For."""
+        method, target, version = _REQUEST_LINE.match(line).groups()
+        if not version.startswith("HTTP/1."):
+            raise self._refuse(BAD_REQUEST, "not HTTP/1.x (%r): answered 400" % line[:200])
+        path = target.partition("?")[0]
+        why = None
+        if method != "GET" or version != "HTTP/1.1":
+            why = "%s %s, not GET HTTP/1.1" % (method, version)
+        elif path != self.config.target:
+            why = "the path is not url='s"
+        elif "upgrade" not in tokens(fields, "connection"):
+            why = "no Connection: upgrade"
+        elif "websocket" not in tokens(fields, "upgrade"):
+            why = "no Upgrade: websocket"
+        if why:
+            raise self._refuse(NOT_FOUND, "not a webtunnel upgrade (%s): answered 404" % why)
+        if self._tls is None:
+            self.peer_address = forwarded_for(fields)
+            self._owed += SWITCHING_PROTOCOLS
+        else:     # we are the front: X-Forwarded-For is whatever the client wrote
+            self._tls.write(SWITCHING_PROTOCOLS)
+
+    def _fail(self, message, reply=b"", data=b""):
+        self.state = FAILED
+        self._buffer = None
+        return ProtocolError(message, reply, data)
+
+    def _refuse(self, page, message):
+        """A server's failure: ``page`` as the reply (in TLS, then close_notify)."""
+        if self._tls is None:
+            return self._fail(message, page)
+        self._tls.write(page)
+        self._shutdown()
+        return self._fail(message, self._outgoing.read())
+
+    # Data phase -----------------------------------------------------------------------
+
+    def send(self, plaintext):
+        if self.state != OPEN:
+            raise RuntimeError("webtunnel: send() before the upgrade completed")
+        if self._tls is None:
+            return bytes(plaintext)
+        if self._ended:
+            raise RuntimeError("webtunnel: send() after end()")
+        self._tls.write(plaintext)
+        return self._outgoing.read()
+
+    def send_in_place(self, buffer):
+        return self._tls is None and self.state == OPEN
+
+    def receive_in_place(self, buffer):
+        return self._tls is None and self.state == OPEN
+
+    def end(self):
+        """After the application's last byte: our close_notify (b"" without TLS, before
+        the TLS handshake is done, or the second time). The peer's direction stays
+        readable (see the module docstring)."""
+        if self._tls is None or self._ended or self.state in (TLS_HANDSHAKE, FAILED):
+            return b""
+        self._shutdown()
+        return self._outgoing.read()
+
+    def _shutdown(self):
+        self._ended = True
+        try:
+            self._tls.unwrap()
+        except ssl.SSLWantReadError:     # close_notify sent; the peer's not yet seen
+            pass
+        except ssl.SSLError:             # a broken session has no clean close
+            pass
+
+    def failure_hint(self, kind):
+        """Words for a handshake that timed out or was closed, by where it stopped."""
+        if not self.initiator or kind not in ("timeout", "closed"):
+            return ""
+        where = "%s:%d" % self.config.address
+        what = "answered nothing" if kind == "timeout" else "closed the connection"
+        if self.state == TLS_HANDSHAKE:
+            return ("%s %s during the TLS handshake: the host of url= (or addr=) answered nothing "
+                    "like a web server; check url=, addr= and servername=" % (where, what))
+        if self.state == WAIT_RESPONSE:
+            return ("the web server at %s %s instead of answering the upgrade of %s: check the "
+                    "path in url=, and that the reverse proxy passes Upgrade and Connection "
+                    "to a running bridge" % (where, what, self.config.target))
+        return ""
+
+
+def forwarded_for(fields):
+    """(first address of X-Forwarded-For, 60000), or None when absent or malformed."""
+    values = fields.get("x-forwarded-for")
+    if not values:
+        return None
+    first = values[0].split(",")[0].strip()
+    try:
+        address = ipaddress.ip_address(first)
+    except ValueError:
+        return None
+    return str(address), FORWARDED_PORT
+
+
