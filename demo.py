@@ -44,11 +44,12 @@ import time
 from pathlib import Path
 
 import capture
+import listener
 import obfs2
 import obfs3
 import obfs4
 import outbound
-import proxy as proxy_
+import proxy
 import transports
 from obfs4_crypto import HashDrbg, SecretBox, elligator2_direct, x25519
 from outbound import format_address
@@ -96,7 +97,7 @@ class _Recorder(transports.Recorder):
 
 class Tap:
     """Keeps each new transport's wire bytes in memory (the same wrapper as
-    --record-dir): ``Settings(tap=Tap())``; ``taps`` lists a ``Wire`` per transport."""
+    --record-dir): ``Settings(wrappers=(Tap(),))``; ``taps`` lists a ``Wire`` per transport."""
 
     def __init__(self):
         self.taps = []
@@ -112,7 +113,7 @@ innermost = transports.innermost
 
 def echo_service():
     """A plain TCP echo on 127.0.0.1: returns (address, listening socket)."""
-    listener = proxy_.listen(("127.0.0.1", 0))
+    echo = listener.listen(("127.0.0.1", 0))
 
     def serve_one(conn):
         with conn:
@@ -125,13 +126,13 @@ def echo_service():
     def accept_loop():
         while True:
             try:
-                conn, _ = listener.accept()
+                conn, _ = echo.accept()
             except OSError:
                 return
             threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
 
     threading.Thread(target=accept_loop, daemon=True).start()
-    return listener.getsockname()[:2], listener
+    return echo.getsockname()[:2], echo
 
 
 @dataclasses.dataclass
@@ -152,20 +153,19 @@ def run_exchange(name, options, settings):
     echo_address, echo_listener = echo_service()
     state = tempfile.TemporaryDirectory(prefix="obfsproxy-demo-")
     try:
-        server_config, announce = cls.server_config(
-            {k: v for k, v in options.items() if k != "cert"}, Path(state.name))
+        server_config, announce = cls.server_config(dict(options), Path(state.name))
     finally:
         state.cleanup()        # obfs4 read its keys from it; nothing reads it again
     client_options = dict(options, **announce)   # the bridge line's arguments
     server_tap, client_tap = Tap(), Tap()
     server_settings = dataclasses.replace(settings, transport=name, config=server_config,
-                                          dest=echo_address, tap=server_tap)
+                                          dest=echo_address, wrappers=settings.wrappers + (server_tap,))
     client_settings = dataclasses.replace(settings, transport=name, options=client_options,
-                                          tap=client_tap)
-    proxy = proxy_.Proxy()
-    server_address = proxy.listen(("127.0.0.1", 0), proxy_.handle_server, server_settings)
-    client_address = proxy.listen(("127.0.0.1", 0), proxy_.handle_socks_client, client_settings)
-    threading.Thread(target=proxy.serve, daemon=True).start()
+                                          wrappers=settings.wrappers + (client_tap,))
+    tunnels = listener.Listener()
+    server_address = tunnels.listen(("127.0.0.1", 0), proxy.handle_server, server_settings)
+    client_address = tunnels.listen(("127.0.0.1", 0), proxy.handle_socks_client, client_settings)
+    threading.Thread(target=tunnels.serve, daemon=True).start()
     started = time.perf_counter()
     try:
         with outbound.connect_via_proxy("socks5://" + format_address(client_address),
@@ -180,7 +180,7 @@ def run_exchange(name, options, settings):
                     break
                 echoed += chunk
     finally:
-        proxy.stop()
+        tunnels.stop()
         echo_listener.close()
     return Exchange(echoed, client_tap.taps[0], server_tap.taps[0],
                     (echo_address, server_address, client_address),
@@ -228,9 +228,11 @@ def ephemeral_secret(transport):
     return transport._x if isinstance(transport, obfs3.Obfs3) else transport._priv
 
 
-def main(name, options, settings):
+def main(name, options, settings, record_dir=None):
     """``obfsproxy.py demo``: 0 when the message came back byte for byte and every value
-    shown checked out."""
+    shown checked out. A transport without a walk of its own (``WALKS``) gets the
+    generic one: every piece each side put on the wire, and the checks that hold
+    for any transport."""
     style = capture.Style.for_stream(sys.stdout)
     try:
         exchange = run_exchange(name, options, settings)
@@ -244,13 +246,13 @@ def main(name, options, settings):
           % (format_address(client_address), name,
              format_address(server_address), format_address(echo_address)))
     print("  The client is the initiator (it opened the TCP connection); the server is the responder.")
-    if settings.record is not None:
+    if record_dir is not None:
         print("  The wire bytes were also saved in %s: try `python3 obfsproxy.py unmask %s`."
-              % (settings.record.directory, settings.record.directory))
+              % (record_dir, record_dir))
     walk.check(walk.c_sent == bytes(exchange.server.received)
                and walk.s_sent == bytes(exchange.client.received),
                "what one side sent differs from what the other received")
-    WALKS[name](walk)
+    WALKS.get(name, walk_generic)(walk)
     filters(walk)
     observer(walk)
     walk.check(exchange.echoed == MESSAGE, "the echo differs from the message")
@@ -327,7 +329,10 @@ OBSERVER = {
 
 
 def observer(walk):
-    could, could_not = OBSERVER[walk.name]
+    could, could_not = OBSERVER.get(walk.name, (
+        ["everything the pieces above show: their sizes, their timing, and any fixed bytes"],
+        ["what depends on how %s hides the stream: its module's docstring (%s.py) says what it "
+         "protects and what it does not" % (walk.name, type(walk.client).__module__)]))
     walk.title("What a passive observer could and could not do")
     for heading, lines in (("could:", could), ("could not:", could_not)):
         print("  " + heading)
@@ -335,7 +340,20 @@ def observer(walk):
             print(textwrap.fill(line, 100, initial_indent="    - ", subsequent_indent="      "))
 
 
-# --- dummy and obfs2 -----------------------------------------------------------------------
+# --- any transport, dummy and obfs2 ---------------------------------------------------------
+
+def walk_generic(walk):
+    """What every transport can show: each piece it put on the wire, in order."""
+    for label, wire in (("client", walk.exchange.client), ("server", walk.exchange.server)):
+        walk.title("What the %s put on the wire: %d bytes in %d pieces"
+                   % (label, len(wire.sent), len(wire.pieces)))
+        for number, piece in enumerate(wire.pieces[:SHOW_FRAMES], 1):
+            print("  piece %d, %d bytes:" % (number, len(piece)))
+            walk.dump(piece)
+        if len(wire.pieces) > SHOW_FRAMES:
+            print("  ... and %d more pieces" % (len(wire.pieces) - SHOW_FRAMES))
+
+
 
 def walk_dummy(walk):
     walk.title("The handshake and the keys: none")

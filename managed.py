@@ -34,6 +34,7 @@ death of the parent process (Tor), checked about once a second.
 
 import dataclasses
 import ipaddress
+import logging
 import os
 import re
 import socket
@@ -42,6 +43,7 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import listener
 import outbound
 import proxy
 import socks
@@ -50,6 +52,10 @@ from outbound import ProxyURIError, format_address, parse_address
 
 log = proxy.log
 NOTICE = proxy.NOTICE
+# The values of every transport's secret options (obfs2's shared-secret), in a line to Tor.
+_SECRET_NAMES = [re.escape(option) for cls in transports.TRANSPORTS.values()
+                 for option in getattr(cls, "secret_options", ())]
+SECRETS = re.compile(r"((?:^|[\s,:;])(?:%s)=)(?:\\.|[^,\s])*" % "|".join(_SECRET_NAMES or ["(?!)"]))
 
 SUPPORTED_VERSIONS = ("1",)
 LOG_FILE_NAME = "obfsproxy.log"
@@ -83,7 +89,7 @@ class Announcer:
                 self._write(line + "\n")
             except (OSError, ValueError) as exc:
                 log.warning("cannot write to Tor's stdout pipe: %s", exc)
-        log.debug("to Tor: %s", re.sub(r"(shared-secret=)[^,\s]+", r"\1[scrubbed]", line))
+        log.debug("to Tor: %s", SECRETS.sub(r"\1[scrubbed]", line))
 
 
 def take_stdout():
@@ -234,33 +240,25 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
 
     # Everything is checked before anything is bound or announced.
     try:
-        state_dir = Path(require(env, "TOR_PT_STATE_LOCATION"))
-        try:
-            state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise EnvError("cannot create TOR_PT_STATE_LOCATION %s: %s"
-                           % (state_dir, exc.strerror or exc))
-        log_file = log_file or state_dir / LOG_FILE_NAME
-        try:
-            proxy.setup_logging(log_file, severity)
-        except OSError as exc:
-            raise EnvError("cannot open the log file %s: %s" % (log_file, exc.strerror or exc))
+        state_dir = make_state_dir(env)
+        start_logging(log_file or state_dir / LOG_FILE_NAME, severity, tor)
         base = dataclasses.replace(base, sources=outbound_sources(env))
-        clients = client_config(env, base)
-        servers = server_config(env)
+        clients = client_env(env, base)
+        servers = server_env(env)
         if clients is None and servers is None:
             raise EnvError("neither TOR_PT_CLIENT_TRANSPORTS nor TOR_PT_SERVER_TRANSPORTS is set")
-    except (EnvError, ValueError) as exc:
-        if isinstance(exc, ProxyURIError):
-            tor.say("PROXY-ERROR", str(exc))
-        else:
-            tor.say("ENV-ERROR", str(exc))
+    except ProxyURIError as exc:
+        tor.say("PROXY-ERROR", str(exc))
+        return 1
+    except EnvError as exc:
+        tor.say("ENV-ERROR", str(exc))
         return 1
     log.log(NOTICE, "obfsproxy.py in managed mode (pt-spec %s), state in %s", version, state_dir)
-    proxy.prepare_for_serving(max_connections)
-    if base.record is not None:
-        log.warning("--record-dir: saving the raw wire bytes of every connection in %s "
-                    "(for teaching and debugging only)", base.record.directory)
+    listener.prepare_for_serving(max_connections)
+    proxy.log_routes()
+    if base.wrappers:
+        log.warning("--record-dir: saving the raw wire bytes of every connection "
+                    "(for teaching and debugging only)")
 
     parent_gone = parent_watcher()
 
@@ -269,9 +267,9 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
             log.log(NOTICE, "our parent process (Tor) is gone; exiting")
             server.stop()
 
-    server = proxy.Proxy(max_connections, tick=tick)
+    server = listener.Listener(max_connections, tick=tick)
     # Handlers first: Tor may signal as soon as it has read our last line.
-    proxy.install_signal_handlers(server)
+    listener.install_signal_handlers(server)
     if env.get("TOR_PT_EXIT_ON_STDIN_CLOSE") == "1":
         threading.Thread(target=watch_stdin, args=(server,), name="stdin", daemon=True).start()
     try:
@@ -294,6 +292,49 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
     server.serve()
     log.log(NOTICE, "managed mode stopped")
     return 0
+
+
+def make_state_dir(env):
+    state_dir = Path(require(env, "TOR_PT_STATE_LOCATION"))
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EnvError("cannot create TOR_PT_STATE_LOCATION %s: %s" % (state_dir, exc.strerror or exc))
+    return state_dir
+
+
+def start_logging(log_file, severity, tor):
+    """Our log file (owner-only), and what is said at NOTICE or above also in
+    Tor's own log, as pt-spec LOG lines: a failure shows where the user looks."""
+    try:
+        proxy.setup_logging(log_file, severity)
+    except OSError as exc:
+        raise EnvError("cannot open the log file %s: %s" % (log_file, exc.strerror or exc))
+    logging.getLogger().addHandler(TorLog(tor))
+
+
+class TorLog(logging.Handler):
+    """A failure the user can act on (a warning or error, or a connection's
+    failure said at NOTICE: ``Listener.complain``), also as ``LOG
+    SEVERITY=notice MESSAGE="..."`` on stdout (pt-spec 3.3.4; the message is a
+    quoted string, ``\\`` and ``\"`` escaped). Startup lines stay in our log."""
+
+    TOR_SEVERITIES = ((logging.ERROR, "error"), (logging.WARNING, "warning"), (NOTICE, "notice"))
+
+    def __init__(self, tor):
+        logging.Handler.__init__(self, NOTICE)
+        self.tor = tor
+
+    def emit(self, record):
+        if record.levelno < logging.WARNING and not getattr(record, "failure", False):
+            return
+        try:
+            text = record.getMessage()
+        except Exception:   # a malformed record: never let logging fail a connection
+            return
+        name = next(name for level, name in self.TOR_SEVERITIES if record.levelno >= level)
+        quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+        self.tor.say("LOG", "SEVERITY=%s" % name, 'MESSAGE="%s"' % quoted)
 
 
 def outbound_sources(env):
@@ -330,20 +371,20 @@ def requested_transports(env, role):
     return known
 
 
-def client_config(env, base):
+def client_env(env, base):
     """(transports, proxy URI or None, whether Tor asked for it), or None when
     we are not a client. Tor's TOR_PT_PROXY wins over --proxy."""
     known = requested_transports(env, "client")
     if known is None:
         return None
     from_tor = env.get("TOR_PT_PROXY") or None
-    proxy_uri = from_tor or base.proxy
+    proxy_uri = from_tor or base.outgoing_proxy
     if proxy_uri is not None:
         outbound.parse_proxy_uri(proxy_uri)  # raises ProxyURIError: PROXY-ERROR before any CMETHOD
     return known, proxy_uri, from_tor is not None
 
 
-def server_config(env):
+def server_env(env):
     """(transports, bind addresses, options, destination, cookie file or None),
     or None when we are not a server."""
     known = requested_transports(env, "server")
@@ -376,7 +417,7 @@ def start_clients(server, tor, base, cli_options, names, proxy_uri, tor_asked_fo
         # The command line's transport options are the defaults; a Bridge
         # line's arguments (SOCKS arguments, per connection) override them.
         settings = dataclasses.replace(base, transport=name, options=cli_options.get(name, {}),
-                                       proxy=proxy_uri)
+                                       outgoing_proxy=proxy_uri)
         try:
             bound = server.listen(("127.0.0.1", 0), proxy.handle_socks_client, settings)
         except OSError as exc:
@@ -397,8 +438,9 @@ def start_servers(server, tor, base, cli_options, state_dir, names, bindaddrs, o
             continue
         # Tor's options win over the command line's.
         ours = dict(cli_options.get(name, {}), **options.get(name, {}))
+        cls = transports.TRANSPORTS[name]
         try:
-            config, announce = transports.TRANSPORTS[name].server_config(ours, state_dir)
+            config, announce = cls.server_config(ours, state_dir)
         except (ValueError, OSError) as exc:
             tor.say("SMETHOD-ERROR", name, str(exc))
             continue
@@ -416,9 +458,14 @@ def start_servers(server, tor, base, cli_options, state_dir, names, bindaddrs, o
             tor.say("SMETHOD-ERROR", name, "cannot listen on %s: %s"
                     % (format_address(bindaddrs[name]), exc.strerror or exc))
             continue
-        address = format_address(bound)
-        log.log(NOTICE, "%s server listening on %s -> %s%s", name, address,
+        log.log(NOTICE, "%s server listening on %s -> %s%s", name, format_address(bound),
                 format_address(destination), " (Extended ORPort)" if cookie_file else "")
+        for note in getattr(config, "notes", ()):
+            log.log(NOTICE, "%s: %s", name, note)
+        # What Tor publishes: the listener, unless the transport names its public
+        # address (webtunnel: a synthetic one; clients dial the host of its url=).
+        public = getattr(cls, "public_address", None)
+        address = format_address(public(config, bound) if public else bound)
         tor.say("SMETHOD", name, address, "ARGS:" + ",".join(
             "%s=%s" % (escape_arg(key), escape_arg(value)) for key, value in sorted(announce.items())))
     tor.say("SMETHODS DONE")
@@ -426,7 +473,7 @@ def start_servers(server, tor, base, cli_options, state_dir, names, bindaddrs, o
 
 # --- Lifecycle: stdin and parent death -----------------------------------------------
 
-def watch_stdin(proxy):
+def watch_stdin(server):
     """TOR_PT_EXIT_ON_STDIN_CLOSE=1: Tor closes our stdin to tell us to exit.
 
     Reads file descriptor 0 directly (not ``sys.stdin``, whose buffer lock
@@ -437,7 +484,7 @@ def watch_stdin(proxy):
     except OSError:
         pass
     log.log(NOTICE, "stdin closed: exiting")
-    proxy.stop()
+    server.stop()
 
 
 def parent_watcher():

@@ -737,6 +737,7 @@ class Obfs4:
     expensive = True            # key generation and ntor: the core serialises the handshake
     paced = False               # per connection: True in iat-mode 1 and 2 (use send_paced)
     failure_linger = None       # per connection: the server's 30 s + close_delay
+    uses_state_dir = True       # the server's identity lives in obfs4_state.json
 
     @classmethod
     def client_config(cls, options):

@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
-"""obfsproxy.py: an obfuscating TCP proxy (obfs4, obfs3, obfs2) for Tor and anything SOCKS.
+"""obfsproxy.py: an obfuscating TCP proxy (TRANSPORT_NAMES) for Tor and anything SOCKS.
 
 Usage:
-  obfsproxy.py client [options] [--dest=HOST:PORT] [<listen>]
+  obfsproxy.py client [options] [<listen>]
+  obfsproxy.py client [options] --bridge=LINE <listen>
+  obfsproxy.py client [options] --dest=HOST:PORT <listen>
   obfsproxy.py server [options] --dest=HOST:PORT <listen>
   obfsproxy.py demo [options]
   obfsproxy.py managed [options]
   obfsproxy.py --managed [options]
   obfsproxy.py unmask [options] <capture>...
   obfsproxy.py detect [options] <capture>...
-  obfsproxy.py (-h | --help)
+  obfsproxy.py [COMMAND] (-h | --help)
   obfsproxy.py --version
 
 Commands:
   client   Listen for SOCKS4/4a/5 clients (Tor, curl, ssh...) on <listen>
            (default 127.0.0.1:1050); the SOCKS CONNECT target is the bridge.
-           With --dest or --bridge, no SOCKS: every connection goes to that bridge.
+           With --bridge or --dest, no SOCKS: every connection goes to that bridge.
   server   Listen for clients of the transport on <listen>; forward the plain
            stream to --dest (for a bridge: Tor's ORPort).
   demo     Run a server, a client and an echo service on 127.0.0.1, send a
@@ -24,19 +26,19 @@ Commands:
            TOR_PT_* environment variables, status goes to stdout.
   unmask   The passive attack, for teaching: read a capture (a pcap file, or
            the files of --record-dir) and show what an eavesdropper gets.
-  detect   Say which TCP streams in a capture look like obfs2, obfs3, obfs4 or
-           fully encrypted traffic, and which test decided.
+  detect   Say which TCP streams in a capture look like obfs2, fully encrypted
+           traffic or TLS, and which test decided.
 
 Transports and their options:
-  --transport=NAME              obfs4, obfs3, obfs2, or dummy (no obfuscation);
-                                default obfs2 (demo, unmask: obfs2).
+  --transport=NAME              TRANSPORT_NAMES (default obfs4).
+                                dummy passes bytes unchanged (the baseline).
   --bridge=LINE                 client: a pasted bridge line, e.g. "obfs4
                                 192.0.2.1:443 FINGERPRINT cert=... iat-mode=0";
-                                sets --transport, --dest and the arguments.
+                                sets --transport, the bridge and its arguments.
   --cert=CERT                   obfs4 client: the bridge's cert= (70 characters).
   --iat-mode=N                  obfs4: 0, 1 or 2 (inter-arrival time obfuscation).
-  --state-dir=DIR               obfs4 server: where its keys live
-                                (obfs4_state.json, as obfs4proxy keeps them).
+  --state-dir=DIR               obfs4 server: where its keys live (obfs4_state.json,
+                                as obfs4proxy keeps them); unmask: a bridge's keys.
   --shared-secret=SECRET        obfs2: a shared secret both ends must use.
                                 Visible in `ps`: prefer --shared-secret-file.
   --shared-secret-file=PATH     obfs2: read the shared secret from PATH's first line.
@@ -49,8 +51,8 @@ Other options:
   --dest=HOST:PORT              client: the bridge to forward to (no SOCKS).
                                 server: where the plain stream goes.
   --handshake-timeout=SECONDS   Close a connection whose SOCKS, connect or
-                                transport handshake takes longer [default: 30]
-  --max-connections=N           Refuse connections beyond N at once [default: 2048]
+                                transport handshake takes longer (default 30).
+  --max-connections=N           Refuse connections beyond N at once (default 2048).
   --proxy=URI                   client: reach the bridge through an outgoing proxy,
                                 socks5://[USER[:PASS]@]HOST:PORT, socks4a://HOST:PORT
                                 or http://[USER[:PASS]@]HOST:PORT
@@ -60,10 +62,10 @@ Other options:
                                 (for teaching and debugging only).
   --full                        unmask: print whole streams, not their first 512 bytes.
   --output-dir=DIR              unmask: also write the decrypted streams to DIR.
-  --log-file=PATH               Write the log to PATH instead of stderr.
-  --log-min-severity=LEVEL      error, warning, notice, info or debug [default: notice]
+  --log-file=PATH               Write the log to PATH (owner-only) instead of stderr.
+  --log-min-severity=LEVEL      error, warning, notice, info or debug (default notice).
   --no-safe-logging             Show IP addresses in the log (scrubbed by default).
-  -h --help                     Show this help.
+  -h --help                     Show this help (after a command: that command's).
   --version                     Show the version.
 
 Examples:
@@ -75,6 +77,7 @@ Examples:
 """
 
 import dataclasses
+import os
 import re
 import signal
 import sys
@@ -86,29 +89,51 @@ try:
 except ImportError as _missing:
     if getattr(_missing, "name", None) not in ("docopt", "Crypto", "Crypto.Cipher"):
         raise  # an ImportError inside our own code is a bug, not a missing dependency
-    sys.exit("obfsproxy.py: missing dependency (%s). Set up with: python3 -m venv .venv && "
-             ".venv/bin/pip install -r requirements.txt, then run .venv/bin/python3 obfsproxy.py "
-             "(offline: see the README's 'Without internet')." % _missing)
+    _text = ("missing dependency (%s): this Python (%s) does not have the packages of "
+             "requirements.txt. Set up with: python3 -m venv .venv && .venv/bin/pip install -r "
+             "requirements.txt, then run .venv/bin/python3 obfsproxy.py (offline machines: see the "
+             "README's 'Offline machines')." % (_missing, sys.executable))
+    if any(word in ("managed", "--managed") for word in sys.argv[1:]):
+        # Tor reads only our stdout: say it there, in pt-spec's words.
+        print("ENV-ERROR %s In the torrc, name the interpreter that has them: ClientTransportPlugin "
+              "obfs4 exec /path/to/.venv/bin/python3 /path/to/obfsproxy.py managed" % _text, flush=True)
+    sys.exit("obfsproxy.py: " + _text)
 
+import listener
 import outbound
 import proxy
 import socks
 import transports
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
+COMMANDS = ("client", "server", "demo", "managed", "unmask", "detect")
 log = proxy.log
+USAGE = __doc__.replace("TRANSPORT_NAMES", ", ".join(transports.TRANSPORTS))
+DEFAULT_TRANSPORT = "obfs4"   # the only one probe-resistant and unreadable by an observer
 
-# Each option that only one mode uses, and the modes that take it.
+# Which commands take each option; any other command refuses it (never ignores it).
+SERVING = ("client", "server", "managed")
 MODE_OPTIONS = {
-    "--proxy": ("client", "managed"),
+    "--transport": ("client", "server", "demo", "managed"),
     "--bridge": ("client",),
     "--cert": ("client", "managed"),
-    "--ext-cookie-file": ("server",),
+    "--iat-mode": ("client", "server", "managed", "demo"),
     "--state-dir": ("server", "unmask"),
+    "--shared-secret": SERVING + ("demo", "unmask", "detect"),
+    "--shared-secret-file": SERVING + ("demo", "unmask", "detect"),
+    "--ss-hash-iterations": SERVING + ("demo", "unmask", "detect"),
+    "--transport-options": SERVING + ("demo",),
+    "--dest": ("client", "server"),
+    "--handshake-timeout": SERVING,
+    "--max-connections": SERVING,
+    "--proxy": ("client", "managed"),
+    "--ext-cookie-file": ("server",),
+    "--record-dir": SERVING + ("demo",),
     "--full": ("unmask",),
     "--output-dir": ("unmask",),
-    "--record-dir": ("client", "server", "managed", "demo"),
-    "--dest": ("client", "server"),
+    "--log-file": SERVING,
+    "--log-min-severity": SERVING,
+    "--no-safe-logging": SERVING,
 }
 
 # obfs2's and obfs4's own shorthands for --transport-options.
@@ -116,6 +141,7 @@ SHORTHANDS = {"--shared-secret": ("obfs2", "shared-secret"),
               "--ss-hash-iterations": ("obfs2", "ss-hash-iterations"),
               "--cert": ("obfs4", "cert"),
               "--iat-mode": ("obfs4", "iat-mode")}
+SEVERITY_SPELLINGS = {"warn": "warning", "err": "error"}
 
 
 class UsageError(ValueError):
@@ -123,14 +149,16 @@ class UsageError(ValueError):
 
 
 def mode_of(args):
-    for mode in ("client", "server", "demo", "unmask", "detect"):
-        if args[mode]:
+    for mode in COMMANDS:
+        if args.get(mode):
             return mode
     return "managed"
 
 
-def number(args, option, kind, low):
+def number(args, option, kind, low, default):
     text = args[option]
+    if text is None:
+        return default
     try:
         value = kind(text)
     except ValueError:
@@ -150,51 +178,67 @@ def read_first_line(option, path):
     return lines[0]
 
 
+def address(option, text, allow_port_zero=False):
+    try:
+        return outbound.parse_address(text, allow_port_zero=allow_port_zero)
+    except ValueError as exc:
+        raise UsageError("%s%s" % (option + ": " if option else "", exc))
+
+
+def transport_class(option, name):
+    try:
+        return transports.transport_class(name)
+    except ValueError as exc:
+        raise UsageError("%s: %s" % (option, exc))
+
+
 def parse_bridge_line(text):
     """'[Bridge] obfs4 192.0.2.1:443 [FINGERPRINT] k=v ...' ->
     (transport, (host, port), {k: v})."""
+    if "<IP ADDRESS>" in text or "<IP" in text.split():
+        raise UsageError("--bridge: replace the placeholder <IP ADDRESS> with the bridge's address")
     words = text.split()
     if words and words[0].lower() == "bridge":
         words = words[1:]
     if len(words) < 2:
         raise UsageError("--bridge: expected \"TRANSPORT HOST:PORT [FINGERPRINT] [K=V ...]\"")
-    name, address, rest = words[0], words[1], words[2:]
+    name, where, rest = words[0], words[1], words[2:]
     if name not in transports.TRANSPORTS:
         raise UsageError("--bridge: unknown transport %r (have: %s)"
                          % (name, ", ".join(transports.TRANSPORTS)))
-    try:
-        dest = outbound.parse_address(address)
-    except ValueError as exc:
-        raise UsageError("--bridge: %s" % exc)
+    dest = address("--bridge", where)
     if rest and re.fullmatch(r"[0-9A-Fa-f]{40}", rest[0]):
         rest = rest[1:]  # the fingerprint is Tor's business, not ours
     options = {}
     for word in rest:
         key, sep, value = word.partition("=")
+        if word == "<FINGERPRINT>":
+            raise UsageError("--bridge: <FINGERPRINT> is a placeholder: put the bridge's 40-hex "
+                             "fingerprint there, or leave it out (a tunnel without Tor needs none)")
         if not sep or not key:
-            raise UsageError("--bridge: %r is not KEY=VALUE" % word)
+            raise UsageError("--bridge: %r is neither a 40-hex fingerprint nor KEY=VALUE" % word)
         options[key] = value
     return name, dest, options
 
 
-def options_by_transport(args):
-    """{transport: {key: value}} from the shorthands (--cert is obfs4's,
-    --shared-secret obfs2's ...) and --transport-options, which belong to
-    --transport (obfs2 when not given)."""
+def options_by_transport(args, name):
+    """{transport: {key: value}} from --transport-options (they belong to
+    ``name``) and the shorthands (--cert is obfs4's, --shared-secret obfs2's ...)."""
     found = {}
     if args["--transport-options"]:
+        if name is None:
+            raise UsageError("--transport-options needs --transport (whose options they are)")
         try:
-            parsed = socks.parse_args(args["--transport-options"])
+            found[name] = dict(socks.parse_args(args["--transport-options"]))
         except ValueError as exc:
             raise UsageError("--transport-options: %s" % exc)
-        found[args["--transport"] or "obfs2"] = dict(parsed)
     if args["--shared-secret-file"]:
         if args["--shared-secret"]:
             raise UsageError("give --shared-secret or --shared-secret-file, not both")
         args = dict(args, **{"--shared-secret": read_first_line("--shared-secret-file",
                                                                  args["--shared-secret-file"])})
     if args["--ss-hash-iterations"] is not None:
-        number(args, "--ss-hash-iterations", int, 1)
+        number(args, "--ss-hash-iterations", int, 1, None)
     for option, (owner, key) in SHORTHANDS.items():
         if args[option] is not None:
             found.setdefault(owner, {})[key] = args[option]
@@ -203,7 +247,7 @@ def options_by_transport(args):
 
 def transport_options(args, name):
     """The options for ``name``; an option of another transport is refused, not ignored."""
-    found = options_by_transport(args)
+    found = options_by_transport(args, name)
     options = found.pop(name, {})
     for option, (owner, _) in SHORTHANDS.items():
         if owner in found and args[option] is not None:
@@ -217,81 +261,106 @@ def check_modes(args, mode):
             raise UsageError("%s is not used by %s (only by %s)" % (option, mode, ", ".join(modes)))
 
 
-def base_settings(args):
-    """(Settings common to every listener, max connections) from the command line."""
-    timeout = number(args, "--handshake-timeout", float, 0.001)
-    max_connections = number(args, "--max-connections", int, 1)
-    if args["--log-min-severity"] not in proxy.SEVERITIES:
+def severity(args):
+    text = (args["--log-min-severity"] or "notice").lower()
+    text = SEVERITY_SPELLINGS.get(text, text)
+    if text not in proxy.SEVERITIES:
         raise UsageError("--log-min-severity must be one of %s" % ", ".join(proxy.SEVERITIES))
+    return text
+
+
+def base_settings(args, name):
+    """(Settings common to every listener of ``name``, max connections) from the command line."""
+    timeout = number(args, "--handshake-timeout", float, 0.001, 30.0)
+    max_connections = number(args, "--max-connections", int, 1, 2048)
     if args["--proxy"]:
         try:
             outbound.parse_proxy_uri(args["--proxy"])
         except outbound.ProxyURIError as exc:
             raise UsageError("--proxy: %s" % exc)
-    record = None
+    wrappers = ()
     if args["--record-dir"]:
         try:
-            record = transports.RecordDir(args["--record-dir"])
+            wrappers = (transports.RecordDir(args["--record-dir"]).wrap,)
         except OSError as exc:
             raise UsageError("--record-dir %s: %s" % (args["--record-dir"], exc.strerror or exc))
-    settings = proxy.Settings(handshake_timeout=timeout, safe_logging=not args["--no-safe-logging"],
-                              proxy=args["--proxy"], ext_cookie_file=args["--ext-cookie-file"],
-                              record=record)
+    settings = proxy.Settings(transport=name, handshake_timeout=timeout,
+                              safe_logging=not args["--no-safe-logging"],
+                              outgoing_proxy=args["--proxy"], ext_cookie_file=args["--ext-cookie-file"],
+                              wrappers=wrappers)
     return settings, max_connections
 
 
 def setup_logging(args):
     try:
-        proxy.setup_logging(args["--log-file"], args["--log-min-severity"])
+        proxy.setup_logging(args["--log-file"], severity(args))
     except OSError as exc:
         raise UsageError("--log-file %s: %s" % (args["--log-file"], exc.strerror or exc))
 
 
+def bridge_line(cls, config, name, bound, announce):
+    """The line to hand out, as far as we know it: the address when the listener
+    has a specific one (the transport's public address if it names one), a
+    placeholder for a wildcard; secret values stay out of the log."""
+    public = getattr(cls, "public_address", None)
+    host, port = public(config, bound) if public else bound
+    where = "<IP ADDRESS>:%d" % port if host in ("0.0.0.0", "::") else outbound.format_address((host, port))
+    secret = getattr(cls, "secret_options", ())
+    words = ["%s=%s" % (key, "<as given>" if key in secret else value)
+             for key, value in sorted(announce.items())]
+    return " ".join(["Bridge", name, where] + words)
+
+
 def run_external(args, mode):
-    settings, max_connections = base_settings(args)
-    name = args["--transport"] or "obfs2"
-    dest = outbound.parse_address(args["--dest"]) if args["--dest"] else None
-    options = {}
+    """``client`` and ``server``: check everything, listen, serve until stopped."""
+    name, dest, options = args["--transport"] or DEFAULT_TRANSPORT, None, {}
     if args["--bridge"]:
         if args["--transport"] or args["--dest"]:
-            raise UsageError("--bridge sets the transport and the destination: drop --transport/--dest")
+            raise UsageError("--bridge sets the transport and the bridge: drop --transport/--dest")
         name, dest, options = parse_bridge_line(args["--bridge"])
-    cls = transports.transport_class(name)
+    elif args["--dest"]:
+        dest = address("--dest", args["--dest"])
+    cls = transport_class("--transport", name)
+    settings, max_connections = base_settings(args, name)
     options.update(transport_options(args, name))
-    announce = {}
+    if args["--state-dir"] and not getattr(cls, "uses_state_dir", False):
+        keeping = [n for n, c in transports.TRANSPORTS.items() if getattr(c, "uses_state_dir", False)]
+        raise UsageError("--state-dir: %s keeps no state (only %s do)" % (name, ", ".join(keeping)))
+    if mode == "server" or dest is not None:
+        listen_text = args["<listen>"]
+        if listen_text is None:
+            raise UsageError("give the address to listen on, e.g. 127.0.0.1:2222")
+    else:
+        listen_text = args["<listen>"] or "127.0.0.1:1050"
+    where = address(None, listen_text, allow_port_zero=True)
+    announce, config = {}, None
     if mode == "server":
         try:
             config, announce = cls.server_config(options, Path(args["--state-dir"]) if args["--state-dir"]
                                                  else None)
         except (ValueError, OSError) as exc:
             raise UsageError("%s server: %s" % (name, exc))
-        settings = dataclasses.replace(settings, transport=name, config=config, dest=dest)
-        handler, default_listen = proxy.handle_server, None
+        settings = dataclasses.replace(settings, config=config, dest=dest)
+        handler = proxy.handle_server
     else:
-        if dest is not None or options:  # check the defaults now, not at the first connection
-            try:
-                cls.client_config(options)
-            except ValueError as exc:
+        settings = dataclasses.replace(settings, options=options, dest=dest)
+        try:
+            settings.client_config()   # check the defaults now, not at the first connection
+        except ValueError as exc:
+            # Without a bridge, SOCKS arguments may still bring what is missing (cert=).
+            if dest is not None or not getattr(exc, "missing", None):
                 raise UsageError("%s client: %s" % (name, exc))
-        settings = dataclasses.replace(settings, transport=name, options=options, dest=dest)
         handler = proxy.handle_fixed_client if dest else proxy.handle_socks_client
-        default_listen = None if dest else "127.0.0.1:1050"
-    listen_text = args["<listen>"] or default_listen
-    if listen_text is None:
-        raise UsageError("give the address to listen on, e.g. 127.0.0.1:2222")
-    try:
-        address = outbound.parse_address(listen_text, allow_port_zero=True)
-    except ValueError as exc:
-        raise UsageError(str(exc))
     setup_logging(args)
-    proxy.prepare_for_serving(max_connections)
-    if settings.record is not None:
+    listener.prepare_for_serving(max_connections)
+    proxy.log_routes()
+    if args["--record-dir"]:
         log.warning("--record-dir: saving the raw wire bytes of every connection in %s. "
                     "This stores traffic (obfs2 can be decrypted from it with `obfsproxy.py "
-                    "unmask`): for teaching and debugging only.", settings.record.directory)
-    server = proxy.Proxy(max_connections)
+                    "unmask`): for teaching and debugging only.", args["--record-dir"])
+    server = listener.Listener(max_connections)
     try:
-        bound = server.listen(address, handler, settings)
+        bound = server.listen(where, handler, settings)
     except OSError as exc:
         log.error("cannot listen on %s: %s", listen_text, exc.strerror or exc)
         return 1
@@ -302,13 +371,32 @@ def run_external(args, mode):
     log.log(proxy.NOTICE, "%s %s listening on %s%s", name, mode, outbound.format_address(bound),
             " (SOCKS4/4a/5)" if handler is proxy.handle_socks_client else
             " -> %s" % outbound.format_address(dest))
-    if announce:
-        log.log(proxy.NOTICE, "bridge line for clients: Bridge %s <IP ADDRESS>:%d <FINGERPRINT> %s",
-                name, bound[1], " ".join("%s=%s" % item for item in sorted(announce.items())))
-    proxy.install_signal_handlers(server)
+    if mode == "server":
+        log.log(proxy.NOTICE, "bridge line for clients: %s", bridge_line(cls, config, name, bound, announce))
+    for note in getattr(config, "notes", ()):
+        log.log(proxy.NOTICE, "%s: %s", name, note)
+    listener.install_signal_handlers(server)
     server.serve()
     log.log(proxy.NOTICE, "%s stopped", mode)
     return 0
+
+
+def command_help(command):
+    """``obfsproxy.py COMMAND --help``: that command's usage lines, what it does,
+    and only the options it takes."""
+    usage = [line for line in USAGE.split("Commands:")[0].splitlines()
+             if line.strip().startswith("obfsproxy.py %s " % command)
+             or line.strip() == "obfsproxy.py %s" % command]
+    body = USAGE.split("Commands:", 1)[1].split("Transports and their options:", 1)[0]
+    described = re.search(r"^  %s +(.*?)(?=^  \S|\Z)" % command, body, re.M | re.S).group(0)
+    lines = ["Usage:"] + usage + ["", described.rstrip(), "", "Options:"]
+    blocks = re.findall(r"^(  -[^\n]*(?:\n {20,}[^\n]*)*)", USAGE, re.M)
+    for block in blocks:
+        option = block.split()[0].split("=")[0]
+        modes = MODE_OPTIONS.get(option)
+        if modes is None or command in modes:
+            lines.append(block)
+    return "\n".join(lines) + "\n"
 
 
 def explain_usage(argv):
@@ -316,14 +404,28 @@ def explain_usage(argv):
     words = [word for word in argv if not word.startswith("-")]
     if words[:1] == ["server"] and not any(word.startswith("--dest") for word in argv):
         return "server needs --dest=HOST:PORT (where the plain stream goes) and the address to listen on"
-    known = re.findall(r"^\s+(-[-\w]+)", __doc__, re.MULTILINE)
+    known = re.findall(r"^\s+(-[-\w]+)", USAGE, re.MULTILINE)
     for word in argv:
         option = word.split("=", 1)[0]
         if word.startswith("-") and option not in known:
             return "unknown option %s" % option
-    if not words or words[0] not in ("client", "server", "demo", "managed", "unmask", "detect"):
-        return "expected a command: client, server, demo, managed, unmask or detect"
+    if not words or words[0] not in COMMANDS:
+        return "expected a command: %s" % ", ".join(COMMANDS)
     return "bad command line (%s)" % " ".join(argv)[:200]
+
+
+def quiet_exit_on_closed_stdout():
+    """The reader of our stdout went away (``| head``): end as a Unix tool does,
+    killed by SIGPIPE, with nothing on stderr."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
+    return 141
 
 
 def main(argv=None):
@@ -332,44 +434,55 @@ def main(argv=None):
     # like any Unix tool; serving modes set SIGPIPE back to "ignore" below.
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if any(word in ("-h", "--help") for word in argv) and argv[:1] and argv[0] in COMMANDS:
+        print(command_help(argv[0]), end="")
+        return 0
     try:
-        args = docopt(__doc__, argv=argv, version="obfsproxy.py " + __version__)
+        args = docopt(USAGE, argv=argv, version="obfsproxy.py " + __version__)
     except DocoptExit:
         print("obfsproxy.py: %s. Run `obfsproxy.py --help` for the usage." % explain_usage(argv),
               file=sys.stderr)
         return 2
     mode = mode_of(args)
     if mode not in ("unmask", "detect") and hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)   # sockets: EPIPE is an error, not a death
     try:
-        check_modes(args, mode)
-        if mode == "demo":
-            import demo
-            settings, _ = base_settings(args)
-            name = args["--transport"] or "obfs2"
-            return demo.main(name, transport_options(args, name), settings)
-        if mode == "managed":
-            import managed
-            settings, max_connections = base_settings(args)
-            return managed.main(settings, options_by_transport(args), max_connections,
-                                args["--log-file"], args["--log-min-severity"])
-        if mode in ("unmask", "detect"):
-            import capture
-            name = args["--transport"]
-            options = transport_options(args, name or "obfs2")
-            return capture.main(mode, args["<capture>"], options.get("shared-secret"),
-                                int(options.get("ss-hash-iterations", 100000)),
-                                full=args["--full"], output_dir=args["--output-dir"],
-                                state_dir=args["--state-dir"])
-        return run_external(args, mode)
-    except (UsageError, ValueError) as exc:
+        return dispatch(args, mode)
+    except UsageError as exc:
         if mode == "managed":   # Tor reads only our stdout: tell it there
             print("ENV-ERROR bad command line: %s" % str(exc).replace("\n", " "), flush=True)
             return 1
         print("obfsproxy.py %s: %s" % (mode, exc), file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return quiet_exit_on_closed_stdout()
     except KeyboardInterrupt:
         return 130
+
+
+def dispatch(args, mode):
+    check_modes(args, mode)
+    if mode == "demo":
+        import demo
+        name = args["--transport"] or DEFAULT_TRANSPORT
+        transport_class("--transport", name)
+        settings, _ = base_settings(args, name)
+        return demo.main(name, transport_options(args, name), settings, args["--record-dir"])
+    if mode == "managed":
+        import managed
+        settings, max_connections = base_settings(args, args["--transport"] or DEFAULT_TRANSPORT)
+        if args["--transport"]:
+            transport_class("--transport", args["--transport"])
+        return managed.main(settings, options_by_transport(args, args["--transport"]), max_connections,
+                            args["--log-file"], severity(args))
+    if mode in ("unmask", "detect"):
+        import capture
+        options = transport_options(args, "obfs2")   # unmask reads obfs2 with its secret
+        more = {"iterations": int(options["ss-hash-iterations"])} if "ss-hash-iterations" in options else {}
+        return capture.main(mode, args["<capture>"], options.get("shared-secret"),
+                            full=args["--full"], output_dir=args["--output-dir"],
+                            state_dir=args["--state-dir"], **more)
+    return run_external(args, mode)
 
 
 if __name__ == "__main__":

@@ -1,64 +1,114 @@
 """transports.py: the transport contract, written once, and the registry.
 
 A transport is one side of one connection's obfuscation, with no I/O: bytes
-in, bytes out. The proxy core (proxy.py) drives every transport the same way
-and knows none of them by name; adding a transport is one new module plus one
-line in ``TRANSPORTS`` below. The command line, managed mode, the log lines
-("not obfs4: bad MAC") and Tor's SMETHOD ARGS all follow from this registry.
+in, bytes out. It never touches a socket, a thread, a clock it was not given,
+or a logger. The core (proxy.py, listener.py, relay.py) drives every transport
+the same way and knows none of them by name; adding a transport is one new
+module plus one line in ``TRANSPORTS`` below. The command line (its --help
+included), managed mode, the demo, the log lines ("not obfs4: bad MAC") and
+Tor's SMETHOD ARGS all follow from this registry.
 
 The contract (duck-typed; ``Dummy`` below is the smallest example)::
 
     class SomeTransport:                 # one side of one connection; no I/O
         name = "obfs4"                   # the pt-spec method name; what log lines say
-        ProtocolError = ProtocolError    # what receive() raises when the peer is not speaking us
+        ProtocolError = ProtocolError    # what receive() raises when the peer is not speaking us.
+                                         #   Optional members: .reply, bytes to send before closing
+                                         #   (webtunnel's 404 page); .data, plaintext decoded before
+                                         #   the error, which the relay delivers before it ends
         expensive = True                 # the core serialises start()/receive() while handshaking
 
         @classmethod
         def client_config(cls, options) -> config
             # options: {str: str}, the command line's defaults merged with the
-            # connection's SOCKS arguments (pt-spec 3.5). ValueError: the SOCKS
-            # client gets a general-failure reply.
+            # connection's SOCKS arguments (pt-spec 3.5). ValueError, in words naming
+            # the argument: the SOCKS client gets a general-failure reply. Unknown
+            # arguments are refused, not ignored.
         @classmethod
         def server_config(cls, options, state_dir) -> (config, announce)
             # once per listener: load or create state (obfs4 keys), the replay
-            # filter. announce: {str: str} for SMETHOD ARGS (cert=..., iat-mode=...).
-            # ValueError: SMETHOD-ERROR, or a one-line command-line error.
-        def __init__(self, initiator, config)   # initiator: True for the client side
+            # filter. announce: {str: str} for SMETHOD ARGS and the bridge line
+            # (cert=..., iat-mode=...). ValueError or OSError: SMETHOD-ERROR, or a
+            # one-line command-line error.
+        def __init__(self, initiator, config, prepared=None)
+            # initiator: True for the client side; prepared: one item of prepare()
 
         def start(self) -> bytes          # what to send before reading anything (may be b"")
         def receive(self, data) -> bytes  # plaintext the peer's bytes carried (b"" while handshaking)
-        def data_to_send(self) -> bytes   # what receiving made us owe the peer (usually b"")
+        def data_to_send(self) -> bytes   # what receiving made us owe the peer: polled after
+                                          # every receive, while handshaking and after (TLS
+                                          # session tickets and key updates); usually b""
         def send(self, plaintext) -> bytes  # the bytes for the wire; may change lengths
         is_open: bool                     # application data may flow now
 
-        # optional, where ciphertext length == plaintext length (dummy, obfs2, obfs3):
+    Optional members, each with the default the core uses without it:
+
+        @classmethod
+        def routes(cls, config, requested) -> [((host, port), config), ...]
+            # where the client dials, tried in turn with a fresh transport each until
+            # a handshake succeeds (default: [(requested, config)], the SOCKS target or
+            # --dest; webtunnel: the host of url= or addr=, once per servername).
+            # Outgoing proxies (--proxy, TOR_PT_PROXY) still apply to each.
+        @classmethod
+        def public_address(cls, config, bound) -> (host, port)
+            # what SMETHOD and the bridge line announce (default: the listener's
+            # address; webtunnel: a synthetic 2001:db8:: address clients never dial)
+        @classmethod
+        def prepare(cls, initiator, config) -> (key, make) or None
+            # handshake material made ahead of time (pool.py; default: none): make()
+            # returns one single-use item for __init__'s prepared=; sides whose keys
+            # are equal share a pool
+        secret_options = ()               # option names whose values never reach a log
+        uses_state_dir = False            # server_config keeps state in state_dir
+        config.notes: tuple of str        # said once at NOTICE by the core (what utls= becomes)
+        def failure_hint(self, kind) -> str
+            # words that say what to check after a failed handshake; kind is
+            # "protocol", "timeout" or "closed" (default: none)
+        handshake_timeout: seconds or None  # this side's own handshake deadline (obfs4's
+                                          # server: 30 s, as obfs4proxy); None: --handshake-timeout
+        failure_linger: seconds or None   # server-side probe resistance: drain a failed
+                                          # handshake until this long after accept, then FIN
+        peer_address: (host, port) or None  # the real client, once the transport knows it
+                                          # (webtunnel behind a reverse proxy: X-Forwarded-For)
+        def end(self) -> bytes            # what follows the application's last byte, before
+                                          # the FIN (TLS close_notify); default b""
+        # where ciphertext length == plaintext length (dummy, obfs2, obfs3, plain webtunnel):
         def send_in_place(self, buffer) -> bool     # transform a writable memoryview where it
         def receive_in_place(self, buffer) -> bool  # lies and return True, or return False,
                                                     # touching nothing, when it cannot right now
-        # optional, bytes on the transport's own schedule (obfs4 iat-mode 1 and 2):
+        # bytes on the transport's own schedule (obfs4 iat-mode 1 and 2):
         paced: bool
         def send_paced(self, plaintext) -> [(bytes, seconds to wait after them), ...]
-        # optional, server-side probe resistance (obfs4):
-        failure_linger: seconds after accept until which a failed handshake is
-                        drained (read and discarded) before a FIN; None = close now
 
-The core's handshake driver is then the same for every transport::
+The core's handshake driver is then the same for every transport
+(``proxy.transport_handshake``)::
 
     send_all(sock, transport.start())
     while not transport.is_open:
         plaintext += transport.receive(recv_some(sock))
         send_all(sock, transport.data_to_send())
 
-and the relay calls ``send``/``receive`` (or the in-place versions) on every
-chunk. Config objects may be shared by all connections of a listener, from
-many threads: whatever is mutable in them carries its own lock.
+and the relay (relay.py) calls ``send``/``receive`` (or the in-place versions)
+on every chunk, and ``data_to_send`` after every ``receive``. Config objects may
+be shared by all connections of a listener, from many threads: whatever is
+mutable in them carries its own lock.
+
+TLS inside a transport stays sans-IO: ``ssl.SSLContext.wrap_bio`` over two
+``ssl.MemoryBIO`` gives an ``SSLObject`` that takes the peer's bytes
+(``incoming.write``) and hands back ours (``outgoing.read``), the way wsproto
+composes h11: ``start()`` returns the ClientHello, ``receive()`` feeds records
+in, and ``data_to_send()`` drains what the TLS layer owes (webtunnel.py).
+
+What this seam does not serve: a transport that needs several connections
+for one tunnel, or that must send on a timer of its own with no application
+data (meek's polling HTTP requests, snowflake's WebRTC). Each tunnel here is
+exactly two sockets pumped by the relay; such a transport needs a seam where
+it owns a connection object (Go's ``Dial`` returning a ``net.Conn``).
 
 Also here: ``Recorder``, the wrapper that copies a live transport's wire bytes
 (``--record-dir``, and the demo's tap).
 """
 
-import copy
-import dataclasses
 import itertools
 import os
 import threading
@@ -68,7 +118,6 @@ from pathlib import Path
 import obfs2
 import obfs3
 import obfs4
-import obfs4_crypto
 
 
 class Dummy:
@@ -94,7 +143,7 @@ class Dummy:
     def server_config(cls, options, state_dir=None):
         return _no_options(cls.name, options), {}
 
-    def __init__(self, initiator, config=None):
+    def __init__(self, initiator, config=None, prepared=None):
         self.initiator = initiator
 
     def start(self):
@@ -129,8 +178,6 @@ TRANSPORTS = {
     "dummy": Dummy,
 }
 
-# Everything a transport's receive() raises when the peer is not speaking it.
-PROTOCOL_ERRORS = tuple({transport.ProtocolError for transport in TRANSPORTS.values()})
 
 
 def transport_class(name):
@@ -139,62 +186,6 @@ def transport_class(name):
         return TRANSPORTS[name]
     except KeyError:
         raise ValueError("unknown transport %r (have: %s)" % (name, ", ".join(TRANSPORTS)))
-
-
-# --- Handshake material made ahead of time (pool.py) ------------------------------
-#
-# What each transport can prepare before a connection exists, and how a connection
-# takes it. obfs4 and obfs3 start with an ephemeral keypair that depends on nothing
-# (their configs' ``keypairs`` supplier); obfs2 starts with a seed and the first
-# message encrypted under a key hashed from it, which depends on the role and the
-# shared secret. Dummy has nothing to prepare.
-
-def pool_recipe(name, initiator, config):
-    """(key, make) for what a side of transport ``name`` makes first, or None.
-    ``make()`` returns one single-use item; sides with equal keys may share a pool."""
-    if name == "obfs4":
-        return "obfs4 keypairs", obfs4_crypto.generate_keypair
-    if name == "obfs3":
-        return "obfs3 keypairs", obfs3.generate_keypair
-    if name == "obfs2" and config is not None and (initiator or not config.shared_secret):
-        # Not a shared-secret responder's: it answers only a client that checked out,
-        # so a bare connect must not cost it 100,000 SHA-256, not even to refill a pool.
-        key = ("obfs2 first messages", initiator, config.shared_secret, config.hash_iterations)
-        return key, lambda: prepare_obfs2(initiator, config)
-    return None
-
-
-def pooled_transport(name, initiator, config, take):
-    """A new side of transport ``name`` whose first key work is ``take()``'s item."""
-    if name == "obfs4":
-        config = copy.copy(config)       # a listener's config is shared: do not change it
-        config.keypairs = take
-        return obfs4.Obfs4(initiator, config)
-    if name == "obfs3":
-        return obfs3.Obfs3(initiator, dataclasses.replace(config, keypairs=take))
-    if name == "obfs2":
-        return PreparedObfs2(initiator, config, take())
-    raise ValueError("%s has nothing to prepare" % name)
-
-
-def prepare_obfs2(initiator, config):
-    """(SEED, PADLEN, first message) of a fresh obfs2 side: what ``start()`` computes."""
-    side = obfs2.Obfs2(initiator, config)
-    return side.seed, side.padlen, side.handshake()
-
-
-class PreparedObfs2(obfs2.Obfs2):
-    """An obfs2 side whose first message, SEED | E(own PAD key, MAGIC | PADLEN |
-    padding), was made ahead by ``prepare_obfs2`` for the same role and config.
-    Everything after it is plain Obfs2 (the data keys need the peer's seed)."""
-
-    def __init__(self, initiator, config, prepared):
-        seed, padlen, self._message = prepared
-        obfs2.Obfs2.__init__(self, initiator, config, padlen=padlen)
-        self.seed = seed
-
-    def handshake(self):
-        return self._message
 
 
 # --- Recording the wire ----------------------------------------------------------
@@ -213,11 +204,24 @@ class Recorder:
         self.expensive = getattr(inner, "expensive", False)
         self.paced = getattr(inner, "paced", False)
         self.failure_linger = getattr(inner, "failure_linger", None)
+        self.handshake_timeout = getattr(inner, "handshake_timeout", None)
         self._sent, self._received = sent, received
 
     @property
     def is_open(self):
         return self.inner.is_open
+
+    @property
+    def peer_address(self):
+        return getattr(self.inner, "peer_address", None)
+
+    def failure_hint(self, kind):
+        return getattr(self.inner, "failure_hint", lambda kind: "")(kind)
+
+    def end(self):
+        data = getattr(self.inner, "end", lambda: b"")()
+        self._sent(data)
+        return data
 
     def start(self):
         data = self.inner.start()
@@ -307,3 +311,14 @@ class RecordDir:
         ours, theirs = ROLE_SUFFIXES if transport.initiator else ROLE_SUFFIXES[::-1]
         return Recorder(transport, _appender(self.directory / (prefix + ours)),
                         _appender(self.directory / (prefix + theirs)))
+
+
+def crypto_routes():
+    """{piece: route} for every registered transport that reports the crypto
+    routes it chose at import (its optional ``crypto_routes()`` classmethod)."""
+    routes = {}
+    for cls in TRANSPORTS.values():
+        report = getattr(cls, "crypto_routes", None)
+        if report is not None:
+            routes.update(report())
+    return routes

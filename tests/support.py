@@ -98,7 +98,7 @@ class LineReader:
         return self.lines
 
 
-class Proxy:
+class Program:
     """``obfsproxy.py <args>`` running, with its bound address read from its log."""
 
     def __init__(self, *args, env=None, interpreter=None):
@@ -135,10 +135,10 @@ class Proxy:
 def tunnel(transport="obfs2", *extra, dest, family="127.0.0.1"):
     """A server forwarding to ``dest`` and a SOCKS client, as two processes."""
     listen = "[::1]:0" if family == "::1" else "127.0.0.1:0"
-    server = Proxy("server", "--transport=" + transport, "--dest=" + fmt(dest), listen,
+    server = Program("server", "--transport=" + transport, "--dest=" + fmt(dest), listen,
                    "--log-min-severity=info", *extra)
     try:
-        client = Proxy("client", "--transport=" + transport, listen,
+        client = Program("client", "--transport=" + transport, listen,
                        "--log-min-severity=info", *extra)
     except BaseException:
         server.stop()
@@ -176,15 +176,20 @@ class EchoServer:
         self.behaviour = behaviour or echo
         self.errors = []
         self.accepted = 0
+        self.closed = False
         self.listener = listening_socket(host, backlog)
         self.address = self.listener.getsockname()[:2]
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
 
     def _accept(self):
         while True:
             try:
                 conn, _ = self.listener.accept()
             except OSError:
+                return
+            if self.closed:       # accepted as close() ran: never serve it with our behaviour
+                conn.close()
                 return
             self.accepted += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
@@ -197,7 +202,19 @@ class EchoServer:
             self.errors.append(exc)
 
     def close(self):
+        """Stop listening and accepting, for good: the port leaves LISTEN at once
+        and the accept thread has ended when this returns, so no later connection
+        (to this port, or to a descriptor number the OS hands out again) is ever
+        served with this server's behaviour."""
+        self.closed = True
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)   # wakes the accept() below
+        except OSError:
+            pass
         self.listener.close()
+        if self._thread is not threading.current_thread():
+            self._thread.join(10)
+            assert not self._thread.is_alive(), "the accept thread did not end"
 
     def __enter__(self):
         return self

@@ -37,7 +37,7 @@ from support import (
     ROOT,
     EchoServer,
     LineReader,
-    Proxy,
+    Program,
     fmt,
     recv_all,
     recv_exact,
@@ -370,11 +370,12 @@ def test_a_text_file_is_not_a_capture(tmp_path, capsys):
 def obfs4_tunnel(tmp_path, dest, *extra):
     """Our obfs4 server (its keys in tmp_path/state) and a SOCKS client given its cert."""
     state = tmp_path / "state"
-    server = Proxy("server", "--transport=obfs4", "--state-dir=" + str(state), "--dest=" + fmt(dest),
+    server = Program("server", "--transport=obfs4", "--state-dir=" + str(state), "--dest=" + fmt(dest),
                    "127.0.0.1:0", *extra)
     try:
         cert = server.log.wait_for(r"cert=(\S+) iat-mode=0").group(1)
-        client = Proxy("client", "--transport=obfs4", "--cert=" + cert, "--iat-mode=0", "127.0.0.1:0", *extra)
+        client = Program("client", "--transport=obfs4", "--cert=" + cert, "--iat-mode=0", "127.0.0.1:0",
+                         *extra)
     except BaseException:
         server.stop()
         raise
@@ -482,9 +483,9 @@ def test_captures_of_obfs4proxy_traffic(tmp_path):
                                                    "--record-dir=" + str(tmp_path / "srv"))
         spare.stop()
         with theirs, their_client, server4:
-            client3 = Proxy("client", "--transport=obfs3", "127.0.0.1:0",
+            client3 = Program("client", "--transport=obfs3", "127.0.0.1:0",
                             "--record-dir=" + str(tmp_path / "c3"))
-            client4 = Proxy("client", "--transport=obfs4", "--cert=" + theirs.cert, "--iat-mode=0",
+            client4 = Program("client", "--transport=obfs4", "--cert=" + theirs.cert, "--iat-mode=0",
                             "127.0.0.1:0", "--record-dir=" + str(tmp_path / "c4"))
             with client3, client4:
                 for client, name in ((client3, "obfs3"), (client4, "obfs4")):

@@ -38,7 +38,7 @@ from support import (
     PROGRAM,
     ROOT,
     EchoServer,
-    Proxy,
+    Program,
     SocksReplyError,
     fmt,
     has_ipv6_loopback,
@@ -131,9 +131,9 @@ def test_round_trip(config_tunnel, echo, size):
 
 def test_secret_file_gives_the_same_secret_as_the_option(echo, secret_file, procs):
     """The file's first line, without its newline, is the secret."""
-    server = Proxy("server", "--dest=" + fmt(echo.address), "127.0.0.1:0",
+    server = Program("server", "--transport=obfs2", "--dest=" + fmt(echo.address), "127.0.0.1:0",
                    "--shared-secret-file=%s" % secret_file, FAST_SS)
-    client = Proxy("client", "127.0.0.1:0", "--shared-secret=" + SECRET, FAST_SS)
+    client = Program("client", "--transport=obfs2", "127.0.0.1:0", "--shared-secret=" + SECRET, FAST_SS)
     procs += [server, client]
     with connect(client, server.address) as sock:
         send_and_shut(sock, b"same secret")
@@ -220,9 +220,9 @@ def test_ipv6_end_to_end(transport, procs):
 
 def test_fixed_forward_client_without_socks(echo, procs):
     """`client --dest=SERVER`: every connection goes to that server, no SOCKS."""
-    server = Proxy("server", "--dest=" + fmt(echo.address), "127.0.0.1:0")
+    server = Program("server", "--transport=obfs2", "--dest=" + fmt(echo.address), "127.0.0.1:0")
     procs.append(server)
-    client = Proxy("client", "--dest=" + fmt(server.address), "127.0.0.1:0")
+    client = Program("client", "--transport=obfs2", "--dest=" + fmt(server.address), "127.0.0.1:0")
     procs.append(client)
     data = os.urandom(1 * MiB)
     echo.drain()
@@ -308,7 +308,7 @@ def test_server_refused_gives_connection_refused(obfs2_tunnel):
 
 def test_silent_server_gives_ttl_expired_after_the_handshake_timeout(procs):
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepted by the kernel, never answered
-        client = Proxy("client", "127.0.0.1:0", "--handshake-timeout=1")
+        client = Program("client", "--transport=obfs2", "127.0.0.1:0", "--handshake-timeout=1")
         procs.append(client)
         code, seconds = socks_failure(client, silent.getsockname())
     assert code == 0x06
@@ -330,7 +330,7 @@ def test_server_that_is_not_obfs2_gives_general_failure(procs):
     """A web server answers instead of obfs2: the magic check fails at once,
     not at the (60 s) handshake timeout, which would answer TTL expired (06)."""
     with Destination(speak_http) as web:
-        client = Proxy("client", "127.0.0.1:0", "--handshake-timeout=60")
+        client = Program("client", "--transport=obfs2", "127.0.0.1:0", "--handshake-timeout=60")
         procs.append(client)
         code, seconds = socks_failure(client, web.address)
     assert code == 0x01
@@ -340,10 +340,10 @@ def test_server_that_is_not_obfs2_gives_general_failure(procs):
 @pytest.mark.parametrize("client_secret", ["--shared-secret=not the same", None],
                          ids=["different-secret", "no-secret"])
 def test_mismatched_shared_secret_gives_general_failure(echo, procs, client_secret):
-    server = Proxy("server", "--dest=" + fmt(echo.address), "127.0.0.1:0",
+    server = Program("server", "--transport=obfs2", "--dest=" + fmt(echo.address), "127.0.0.1:0",
                    "--shared-secret=" + SECRET, FAST_SS)
     procs.append(server)
-    client = Proxy("client", "127.0.0.1:0", FAST_SS,
+    client = Program("client", "--transport=obfs2", "127.0.0.1:0", FAST_SS,
                    *([client_secret] if client_secret else []))
     procs.append(client)
     code, _ = socks_failure(client, server.address)
@@ -446,14 +446,14 @@ def test_help_and_version_exit_0():
 def test_help_is_for_users():
     """The usage line a server needs, examples a user can paste (python3, as
     on Debian and macOS, where `python` may be missing or Python 2), and no
-    internals at the end (the module's notes for developers: ``Proxy._run``,
+    internals at the end (the module's notes for developers: ``Program._run``,
     reStructuredText double backticks)."""
     text = run_cli("--help").stdout
     assert "obfsproxy.py server [options] --dest=HOST:PORT <listen>" in text, text
     commands = [line.strip() for line in text.split("Examples:", 1)[1].splitlines()
                 if "obfsproxy.py " in line and not line.strip().startswith("curl")]
     assert commands and all(line.startswith("python3 obfsproxy.py ") for line in commands), commands
-    for internal in ("``", "Proxy._run", "handle_socks_client", "upstream"):
+    for internal in ("``", "Program._run", "handle_socks_client", "upstream"):
         assert internal not in text, (internal, text[-600:])
 
 
@@ -552,9 +552,9 @@ def wait_for_all(log, *patterns):
 @pytest.mark.parametrize("safe", [True, False], ids=["safe-logging", "no-safe-logging"])
 def test_connection_log_lines_scrub_addresses(echo, procs, safe):
     extra = ["--log-min-severity=debug"] + ([] if safe else ["--no-safe-logging"])
-    server = Proxy("server", "--dest=" + fmt(echo.address), "127.0.0.1:0", *extra)
+    server = Program("server", "--transport=obfs2", "--dest=" + fmt(echo.address), "127.0.0.1:0", *extra)
     procs.append(server)
-    client = Proxy("client", "127.0.0.1:0", *extra)
+    client = Program("client", "--transport=obfs2", "127.0.0.1:0", *extra)
     procs.append(client)
     with connect(client, server.address) as sock:
         send_and_shut(sock, b"log me")
@@ -562,7 +562,7 @@ def test_connection_log_lines_scrub_addresses(echo, procs, safe):
     with reserved_port() as nobody:                 # and one failure, logged too
         assert socks_failure(client, nobody.getsockname())[0] == 0x05
     wait_for_all(server.log, r"conn 1\b.*closed")
-    wait_for_all(client.log, r"conn 1\b.*closed", r"conn 2\b.*cannot reach the obfs2 server")
+    wait_for_all(client.log, r"conn 1\b.*closed", r"conn 2\b.*cannot reach the obfs2 bridge")
     for proxy in (server, client):
         lines = [line for line in proxy.log.lines if CONN_LINE.search(line)]
         assert len(lines) >= 2, proxy.log.lines

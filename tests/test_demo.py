@@ -111,7 +111,7 @@ def check_demo_fields(out, secret=None, iterations=1):
 
 
 def test_obfs2_demo_walks_through_every_field(tmp_path):
-    status, out, err = run("demo", "--record-dir=" + str(tmp_path))
+    status, out, err = run("demo", "--transport=obfs2", "--record-dir=" + str(tmp_path))
     assert status == 0, err
     assert "\x1b[" not in out                       # not a terminal: no colour
     keys = check_demo_fields(out)
@@ -132,7 +132,7 @@ def test_obfs2_demo_walks_through_every_field(tmp_path):
 
 
 def test_obfs2_demo_with_shared_secret_shows_the_cost():
-    status, out, err = run("demo", "--shared-secret=s3cret", "--ss-hash-iterations=1000")
+    status, out, err = run("demo", "--transport=obfs2", "--shared-secret=s3cret", "--ss-hash-iterations=1000")
     assert status == 0, err
     check_demo_fields(out, secret=b"s3cret", iterations=1000)
     assert "H(SECRET) = %s" % hashlib.sha256(b"s3cret").hexdigest() in out
@@ -345,7 +345,7 @@ def test_a_value_that_does_not_check_out_fails_the_demo(monkeypatch):
     monkeypatch.setattr(demo, "elligator2_direct", lambda representative: bytes(range(32)))
     out = io.StringIO()
     with redirect_stdout(out):
-        status = demo.main("obfs4", {"iat-mode": "0"}, proxy.Settings())
+        status = demo.main("obfs4", {"iat-mode": "0"}, proxy.Settings("obfs4"))
     assert status == 1
     assert "FAILED: ell2(X') is not the client's public key" in out.getvalue()
     assert "FAILED: AUTH is not the one on the wire" in out.getvalue()
@@ -355,11 +355,11 @@ def test_a_value_that_does_not_check_out_fails_the_demo(monkeypatch):
 def test_obfs3_demo_in_process_and_its_failure_path(monkeypatch):
     out = io.StringIO()
     with redirect_stdout(out):
-        assert demo.main("obfs3", {}, proxy.Settings()) == 0
+        assert demo.main("obfs3", {}, proxy.Settings("obfs3")) == 0
     real = demo.legendre   # a wrong Legendre symbol, whichever coin each side flipped
     monkeypatch.setattr(demo, "legendre", lambda value: -real(value))
     with redirect_stdout(out):
-        assert demo.main("obfs3", {}, proxy.Settings()) == 1
+        assert demo.main("obfs3", {}, proxy.Settings("obfs3")) == 1
     assert "FAILED: a public value's Legendre symbol does not match its coin" in out.getvalue()
 
 

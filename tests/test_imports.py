@@ -74,12 +74,23 @@ def test_importing_the_cli_fails(copy):
 
 
 @pytest.mark.parametrize("leaf,dep", [("socks", "transports"), ("obfs3", "obfs2"),
-                                      ("obfs4_crypto", "obfs4"), ("obfs2", "outbound")])
+                                      ("obfs4_crypto", "obfs4"), ("obfs2", "outbound"),
+                                      ("relay", "listener"), ("relay", "proxy"),
+                                      ("webtunnel", "outbound")])
 def test_a_leaf_importing_the_project_fails(copy, leaf, dep):
     append(copy / ("%s.py" % leaf), "\nimport %s  # noqa\n" % dep)
     result = check(copy)
     assert result.returncode == 1
     assert "%s is a sans-IO leaf but imports %s" % (leaf, dep) in result.stderr
+
+
+@pytest.mark.skipif(not hasattr(sys, "stdlib_module_names"), reason="Python names its stdlib from 3.10")
+@pytest.mark.parametrize("module", ["relay", "webtunnel"])
+def test_the_relay_and_webtunnel_may_use_the_standard_library_only(copy, module):
+    append(copy / ("%s.py" % module), "\nimport Crypto  # noqa\n")
+    result = check(copy)
+    assert result.returncode == 1
+    assert "%s may use the standard library only, but imports Crypto" % module in result.stderr
 
 
 def test_a_file_that_does_not_parse_fails(copy):

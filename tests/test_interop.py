@@ -45,7 +45,7 @@ from peers import (
     transfer_each_way,
 )
 from support import (
-    Proxy,
+    Program,
     SocksReplyError,
     fmt,
     load_vectors,
@@ -123,7 +123,7 @@ def our_server(transport, state_dir, dest, *extra):
             "--log-min-severity=info", *extra]
     if transport == "obfs4":
         args.append("--state-dir=%s" % state_dir)
-    server = Proxy(*args)
+    server = Program(*args)
     server.cert = None
     if transport == "obfs4":
         try:
@@ -154,7 +154,7 @@ def tunnel(transport, pairing, tmp_path, dest, iat_mode=0):
                                 options=pinned_options(iat_mode) if transport == "obfs4" else None)
         peers.append(server)
         if client_is_ours:
-            client = Proxy("client", "--transport=" + transport, "127.0.0.1:0")
+            client = Program("client", "--transport=" + transport, "127.0.0.1:0")
         else:
             client = Obfs4proxy("client", tmp_path, transport=transport)
         peers.append(client)
@@ -186,8 +186,8 @@ def pairings(obfs4proxy_path, echo, tmp_path_factory):
     state = tmp_path_factory.mktemp("obfs4proxy")
     their_server = Obfs4proxy("server", state, orport=echo.address)
     their_client = Obfs4proxy("client", state)
-    our_server = Proxy("server", "--dest=" + fmt(echo.address), "127.0.0.1:0")
-    our_client = Proxy("client", "127.0.0.1:0")
+    our_server = Program("server", "--transport=obfs2", "--dest=" + fmt(echo.address), "127.0.0.1:0")
+    our_client = Program("client", "--transport=obfs2", "127.0.0.1:0")
     try:
         yield {OURS_TO_THEIRS: (our_client.address, their_server.address),
                THEIRS_TO_OURS: (their_client.address, our_server.address)}
@@ -338,7 +338,7 @@ def test_ours_with_ours_half_close(tmp_path, transport, variant):
             if transport == "obfs4":
                 assert server.iat_mode == iat_mode
             values = {"cert": server.cert, "server": fmt(server.address)}
-            client = Proxy("client", *[arg.format(**values) for arg in client_args])
+            client = Program("client", *[arg.format(**values) for arg in client_args])
         except BaseException:
             server.stop()
             raise
@@ -415,7 +415,7 @@ def test_our_state_dir_serves_as_obfs4proxys(obfs4proxy_path, echo, tmp_path):
     try:
         assert theirs.cert == our_cert
         assert theirs.args["obfs4"]["iat-mode"] == "0"
-        with Proxy("client", "--bridge=obfs4 %s cert=%s iat-mode=0" % (fmt(theirs.address), our_cert),
+        with Program("client", "--bridge=obfs4 %s cert=%s iat-mode=0" % (fmt(theirs.address), our_cert),
                    "127.0.0.1:0") as client:
             payload = os.urandom(300_000)
             with socket.create_connection(client.address, timeout=IO_TIMEOUT) as sock:
@@ -607,7 +607,7 @@ def test_tampered_frame_closes_at_once_with_fin(obfs4proxy_path, tmp_path, serve
 def test_malformed_cert_on_our_client_is_a_socks_general_failure(tmp_path, echo):
     """cert=AAAA (not 52 bytes): our SOCKS client answers 05 01 at once (as obfs4proxy's
     client does, vectors: client_socks_args) and logs one line, no traceback."""
-    with Proxy("client", "--transport=obfs4", "127.0.0.1:0") as client:
+    with Program("client", "--transport=obfs4", "127.0.0.1:0") as client:
         for args in ("cert=AAAA;iat-mode=0", "cert=%s" % PINNED_CERT):   # bad cert; no iat-mode
             with pytest.raises(SocksReplyError) as info:
                 socks5_connect(client.address, ("127.0.0.1", 9), timeout=IO_TIMEOUT, args=args)
@@ -620,13 +620,13 @@ def test_wrong_cert_on_our_client_fails_the_socks_request(tmp_path, echo):
     from a prober), so our client gives up at its handshake timeout and the application
     gets a SOCKS failure reply, never a success; one log line, no traceback."""
     with our_server("obfs4", tmp_path / "state", echo.address) as server, \
-            Proxy("client", "--transport=obfs4", "--handshake-timeout=2", "127.0.0.1:0",
+            Program("client", "--transport=obfs4", "--handshake-timeout=2", "127.0.0.1:0",
                   "--log-min-severity=info") as client:
         with pytest.raises(SocksReplyError) as info:
             socks5_connect(client.address, server.address, timeout=IO_TIMEOUT,
                            args="cert=%s;iat-mode=0" % OTHER_CERT)
         assert info.value.code == 0x06, "expected TTL expired (the handshake timed out)"
-        client.log.wait_for(r"obfs4 handshake with the server .* failed")
+        client.log.wait_for(r"obfs4 handshake with the bridge .* failed")
         # The right cert still works through the same client.
         with socks5_connect(client.address, server.address, timeout=IO_TIMEOUT,
                             args="cert=%s;iat-mode=0" % server.cert) as sock:

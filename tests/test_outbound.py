@@ -30,7 +30,7 @@ import pytest
 from fake_tor import ManagedPT, client_env, managed_echo_server, tor_env
 from support import (
     EchoServer,
-    Proxy,
+    Program,
     SocksReplyError,
     closed_port,
     echo_round_trip,
@@ -405,8 +405,8 @@ def test_silent_proxy_times_out_on_the_deadline(kind):
 def test_external_client_with_proxy_option(kind, auth):
     payload = os.urandom(200_000)
     with EchoServer() as echo, FakeProxy(kind, auth) as upstream:
-        server = Proxy("server", "--dest=%s:%d" % echo.address, "127.0.0.1:0")
-        client = Proxy("client", "--proxy=" + _uri(upstream, auth), "127.0.0.1:0")
+        server = Program("server", "--transport=obfs2", "--dest=%s:%d" % echo.address, "127.0.0.1:0")
+        client = Program("client", "--transport=obfs2", "--proxy=" + _uri(upstream, auth), "127.0.0.1:0")
         with server, client:
             with socks5_connect(client.address, server.address) as sock:
                 assert echo_round_trip(sock, payload) == payload
@@ -415,7 +415,7 @@ def test_external_client_with_proxy_option(kind, auth):
 
 def test_managed_client_with_tor_pt_proxy(tmp_path):
     with EchoServer() as echo, FakeProxy("socks5", ("tor", "test1234")) as upstream:
-        server = Proxy("server", "--dest=%s:%d" % echo.address, "127.0.0.1:0")
+        server = Program("server", "--transport=obfs2", "--dest=%s:%d" % echo.address, "127.0.0.1:0")
         env = tor_env(tmp_path / "state", CLIENT_TRANSPORTS="obfs2", EXIT_ON_STDIN_CLOSE="1",
                       PROXY=upstream.uri("tor", "test1234"))
         with server, ManagedPT(env) as pt:
@@ -430,7 +430,7 @@ def test_managed_client_with_tor_pt_proxy(tmp_path):
 def test_managed_client_honours_the_proxy_option(tmp_path):
     """--proxy on the torrc line, no TOR_PT_PROXY: used, but no PROXY DONE (Tor did not ask)."""
     with EchoServer() as echo, FakeProxy("http") as upstream:
-        server = Proxy("server", "--dest=%s:%d" % echo.address, "127.0.0.1:0")
+        server = Program("server", "--transport=obfs2", "--dest=%s:%d" % echo.address, "127.0.0.1:0")
         env = tor_env(tmp_path / "state", CLIENT_TRANSPORTS="obfs2", EXIT_ON_STDIN_CLOSE="1")
         with server, ManagedPT(env, "--proxy=" + upstream.uri()) as pt:
             assert pt.keywords() == ["VERSION", "CMETHOD", "CMETHODS DONE"]
@@ -483,11 +483,11 @@ def test_http_proxy_status_that_is_not_http_is_a_socks_failure():
     the application gets a SOCKS failure and the log says why, at the default
     level, with no internal error."""
     with counting_listener() as destination, FakeProxy("http", status=b"HTTP/1.1 \xb200 OK") as upstream:
-        with Proxy("client", "--proxy=" + upstream.uri(), "127.0.0.1:0") as client:
+        with Program("client", "--transport=obfs2", "--proxy=" + upstream.uri(), "127.0.0.1:0") as client:
             with pytest.raises(SocksReplyError) as failure:
                 socks5_connect(client.address, destination.address)
             assert failure.value.code == 0x01
-            client.log.wait_for(r"\[NOTICE\] conn 1 .*cannot reach the obfs2 server \[scrubbed\] via the "
+            client.log.wait_for(r"\[NOTICE\] conn 1 .*cannot reach the obfs2 bridge \[scrubbed\] via the outgoing "
                                 r"proxy: the proxy does not speak HTTP")
             client.stop()
         assert not [line for line in client.log.lines if "internal error" in line or "Traceback" in line]
@@ -503,7 +503,7 @@ def test_socks4a_target_too_long_for_a_socks5_proxy_is_a_socks_failure():
     """SOCKS4a carries a 300-byte name; the SOCKS5 proxy's LEN byte could not:
     refused (5B) before anything reaches the proxy, with no internal error."""
     with FakeProxy("socks5") as upstream:
-        with Proxy("client", "--proxy=" + upstream.uri(), "127.0.0.1:0") as client:
+        with Program("client", "--transport=obfs2", "--proxy=" + upstream.uri(), "127.0.0.1:0") as client:
             with socket.create_connection(client.address, timeout=10) as sock:
                 sock.sendall(socks4a_request(b"a" * 300, 443))
                 assert recv_exact(sock, 8)[:2] == b"\x00\x5b"    # VN=00 CD=5B rejected

@@ -238,7 +238,7 @@ def conn_threads():
 @pytest.fixture
 def pair(monkeypatch):
     """An in-process dummy server and SOCKS client in front of an echo service, with
-    a short PARK_AFTER: (client address, echo address, server Proxy, client Proxy)."""
+    a short PARK_AFTER: (client address, echo address, server Program, client Program)."""
     from support import EchoServer
     monkeypatch.setattr(proxy, "PARK_AFTER", 0.05)
     echo = EchoServer(backlog=512)
@@ -320,7 +320,7 @@ def test_sigterm_is_answered_while_thousands_of_tunnels_close():
     import resource
     import signal
 
-    from support import EchoServer, Proxy, fmt, socks5_connect
+    from support import EchoServer, Program, fmt, socks5_connect
     count = 3000
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 3 * count + 200:
@@ -328,9 +328,9 @@ def test_sigterm_is_answered_while_thousands_of_tunnels_close():
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * count + 200)), hard))
     limit = "--max-connections=%d" % (count + 50)
     with EchoServer(backlog=1024) as echo, \
-            Proxy("server", "--transport=dummy", "--dest=" + fmt(echo.address), limit,
+            Program("server", "--transport=dummy", "--dest=" + fmt(echo.address), limit,
                   "127.0.0.1:0") as server, \
-            Proxy("client", "--transport=dummy", limit, "127.0.0.1:0") as client:
+            Program("client", "--transport=dummy", limit, "127.0.0.1:0") as client:
         socks = [socks5_connect(client.address, server.address) for _ in range(count)]
         time.sleep(3 * proxy.PARK_AFTER)                 # all quiet: parked
         for sock in socks:

@@ -1,6 +1,6 @@
 """Reliability and security (issue 4): faults, hostile input and load, on real sockets.
 
-Every test runs the real program (``support.Proxy``: a subprocess whose port is
+Every test runs the real program (``support.Program``: a subprocess whose port is
 read from its log) on 127.0.0.1 and watches it from outside: its log lines, its
 sockets' states in /proc/net/tcp, its descriptors in /proc/PID/fd, its threads
 and CPU time in /proc/PID/status and /proc/PID/stat. Waits are on those real
@@ -52,7 +52,7 @@ from support import (
     PROGRAM,
     ROOT,
     EchoServer,
-    Proxy,
+    Program,
     SocksReplyError,
     assert_refused,
     closed_port,
@@ -65,6 +65,7 @@ from support import (
     socks5_connect,
 )
 
+import listener
 import obfs2
 import outbound
 import proxy
@@ -195,8 +196,13 @@ class Usage:
 # --- The programs under test ----------------------------------------------------------
 
 def start(role, *args, severity="info"):
-    """``obfsproxy.py <role> 127.0.0.1:0 <args>``, ready (it logged its port)."""
-    return Proxy(role, "127.0.0.1:0", "--log-min-severity=" + severity, *args)
+    """``obfsproxy.py <role> 127.0.0.1:0 <args>``, ready (it logged its port);
+    obfs2 unless ``args`` name a transport."""
+    return Program(role, "127.0.0.1:0", "--log-min-severity=" + severity, *with_transport(args))
+
+
+def with_transport(args):
+    return args if any(arg.startswith("--transport=") for arg in args) else ("--transport=obfs2",) + args
 
 
 def wait_line(node, pattern, timeout=20.0, after=0):
@@ -554,7 +560,7 @@ def test_client_closes_bad_server_handshakes_within_the_deadline(pair, case):
         took = time.monotonic() - began
     assert failure.value.code == code
     assert_on_time(took, timed_out=code == 0x06, what="answered")
-    one_line_for_the_connection(client, "obfs2 handshake with the server .*failed: .*(%s)"
+    one_line_for_the_connection(client, "obfs2 handshake with the bridge .*failed: .*(%s)"
                                 % expected, socks_marker(client))
 
 
@@ -750,20 +756,21 @@ def test_max_connections_refuses_cleanly_and_recovers(dest):
             assert recv_all(sock) == b"after the cap"
         for s in held:
             s.close()
-        server.log.wait_for(r"closed after \d+ bytes up")
+        server.log.wait_for(r"closed after \d+ bytes client->server")
         refusals = [line for line in server.log.rest(0.5) if "refusing a connection" in line]
         # Logged, but not once per refused connection: a flood must not flood the log.
         took = time.monotonic() - began
-        assert 1 <= len(refusals) <= 1 + took // proxy.Proxy.COMPLAINT_INTERVAL, (took, refusals)
+        assert 1 <= len(refusals) <= 1 + took // listener.Listener.COMPLAINT_INTERVAL, (took, refusals)
     assert_no_traceback(server, client)
 
 
 def test_thread_start_failure_closes_that_connection_only(monkeypatch, caplog):
-    """The Proxy in this process; threading.Thread.start fails for the 2nd and
+    """The Program in this process; threading.Thread.start fails for the 2nd and
     3rd connection (as it does when the OS refuses a thread)."""
     with Dest() as d:
         settings = proxy.Settings(transport="dummy", dest=d.address, handshake_timeout=5)
-        server = proxy.Proxy(max_connections=100)
+        server = listener.Listener(max_connections=100)
+        server.SPARE_THREADS = 0      # no thread waits for the next handshake: each needs a new one
         address = server.listen(("127.0.0.1", 0), proxy.handle_server, settings)
         real = threading.Thread
         starts = {"conn": 0}
@@ -779,7 +786,7 @@ def test_thread_start_failure_closes_that_connection_only(monkeypatch, caplog):
         serving = threading.Thread(target=server.serve, daemon=True)
         serving.start()
         assert server.ready.wait(5)
-        monkeypatch.setattr(proxy.threading, "Thread", FlakyThread)
+        monkeypatch.setattr(listener.threading, "Thread", FlakyThread)
         try:
             with caplog.at_level(logging.INFO, logger="obfsproxy"):
                 first = socket.create_connection(address, timeout=5)
@@ -816,8 +823,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def limited_proxy(limit, *args):
-    """``support.Proxy`` started under a hard descriptor limit."""
-    return Proxy(*args, interpreter=[sys.executable, "-c", LIMITED, str(limit)])
+    """``support.Program`` started under a hard descriptor limit."""
+    return Program(args[0], *with_transport(args[1:]),
+                   interpreter=[sys.executable, "-c", LIMITED, str(limit)])
 
 
 @needs_proc
@@ -860,7 +868,7 @@ def test_out_of_descriptors_fails_single_connections_and_recovers(dest):
         complaints = [line for line in lines if "accept failed" in line]
         print("\n40 descriptors: %d tunnels held, %d failed, %d 'accept failed' line(s) in %.1f s"
               % (len(held), failed, len(complaints), took))
-        # Rate-limited: one line per 10 s (Proxy.COMPLAINT_INTERVAL), not one per attempt.
+        # Rate-limited: one line per 10 s (Program.COMPLAINT_INTERVAL), not one per attempt.
         assert len(complaints) <= 1 + took // 10, complaints
     assert_no_traceback(server, client)
 
@@ -979,7 +987,7 @@ def test_application_reset_while_backpressured_closes_the_tunnel(dest):
                     break
         reset(hole)
         try:
-            # relay.IDLE_CHECK (1 s) on each proxy, then Proxy.SPARE_SECONDS (2 s)
+            # relay.IDLE_CHECK (1 s) on each proxy, then Program.SPARE_SECONDS (2 s)
             # before the finished connection threads leave. The black hole holds
             # until ``finally``: any bound proves the tunnel did not wait for it.
             client.log.wait_for(r"conn \d+ \(.*: (Connection reset|closed after)", timeout=20)
@@ -1322,40 +1330,55 @@ def socks_from_client_ip(client, target):
 
 
 @pytest.mark.parametrize("safe", [True, False], ids=["default", "no-safe-logging"])
-def test_no_address_in_the_log_unless_asked(dest, safe):
+def test_no_address_in_the_log_unless_asked(safe):
+    """The processes' own startup lines show their own addresses; every line about
+    a connection scrubs the addresses in it, unless --no-safe-logging. The test has
+    its own destination (a shared one once answered a byte string that only a
+    stale harness listener could have sent), and says what each process logged
+    when the echo differs."""
     extra = () if safe else ("--no-safe-logging",)
-    server = start("server", "--dest=" + fmt(dest.address), "--handshake-timeout=%s" % HS,
-                   *extra, severity="debug")
-    client = start("client", "--handshake-timeout=%s" % HS, *extra, severity="debug")
-    with server, client:
-        sock, code = socks_from_client_ip(client, server.address)       # a whole tunnel
-        assert code == 0
-        sock.sendall(mode("echo") + b"who?")
-        sock.shutdown(socket.SHUT_WR)
-        assert recv_all(sock) == b"who?"
-        sock.close()
-        for garbage in (HTTP_REQUEST, b""):                            # handshake failures
-            with from_client_ip(server.address) as s:
-                s.sendall(garbage)
-                wait_closed(s, HS + SLACK + 2)
-            with from_client_ip(client.address) as s:
-                s.sendall(garbage)
-                wait_closed(s, HS + SLACK + 2)
-        sock, code = socks_from_client_ip(client, closed_port())        # refused
-        assert code == 0x05
-        sock.close()
-        end_application_reset(client, server, dest)                     # reset mid-transfer
-        for node, count in ((server, 4), (client, 5)):
-            for _ in range(count):
-                node.log.wait_for(r"conn \d+ \(.*: (?!accepted)")
-        lines = server.log.rest(0.3) + client.log.rest(0.3)
-    talk = [line for line in lines if "listening on" not in line]
+    with Dest() as dest:
+        server = start("server", "--dest=" + fmt(dest.address), "--handshake-timeout=%s" % HS,
+                       *extra, severity="debug")
+        client = start("client", "--handshake-timeout=%s" % HS, *extra, severity="debug")
+        with server, client:
+            lines = talk_through(server, client, dest)
+    talk = [line for line in lines if "listening on" not in line and "bridge line for clients" not in line]
     assert any("[DEBUG]" in line for line in talk)
     if safe:
         leaked = [line for line in talk if IP_OR_PORT.search(line)]
         assert not leaked, leaked
     else:
         assert any(CLIENT_IP in line for line in talk), talk
+
+
+def talk_through(server, client, dest):
+    """A whole tunnel, handshake failures, a refused target and a reset mid-transfer:
+    the log lines of both processes."""
+    sock, code = socks_from_client_ip(client, server.address)       # a whole tunnel
+    assert code == 0
+    sock.sendall(mode("echo") + b"who?")
+    sock.shutdown(socket.SHUT_WR)
+    echoed = recv_all(sock)
+    assert echoed == b"who?", "echo %r; server said %r; client said %r" % (
+        echoed, [line for line in server.log.rest(0.5) if "conn 1 " in line],
+        [line for line in client.log.rest(0.5) if "conn 1 " in line])
+    sock.close()
+    for garbage in (HTTP_REQUEST, b""):                            # handshake failures
+        with from_client_ip(server.address) as s:
+            s.sendall(garbage)
+            wait_closed(s, HS + SLACK + 2)
+        with from_client_ip(client.address) as s:
+            s.sendall(garbage)
+            wait_closed(s, HS + SLACK + 2)
+    sock, code = socks_from_client_ip(client, closed_port())        # refused
+    assert code == 0x05
+    sock.close()
+    end_application_reset(client, server, dest)                     # reset mid-transfer
+    for node, count in ((server, 4), (client, 5)):
+        for _ in range(count):
+            node.log.wait_for(r"conn \d+ \(.*: (?!accepted)")
+    return server.log.rest(0.3) + client.log.rest(0.3)
 
 
 # === Clean shutdown ============================================================================
@@ -1376,7 +1399,8 @@ def test_sigterm_exits_promptly_and_the_port_is_free_at_once(dest):
         server.stop()
         wait_closed(live, 5)
         live.close()
-        with Proxy("server", "127.0.0.1:%d" % port, "--dest=" + fmt(dest.address)) as rebound:
+        with Program("server", "--transport=obfs2", "127.0.0.1:%d" % port,
+                     "--dest=" + fmt(dest.address)) as rebound:
             assert rebound.address[1] == port
             with open_tunnel(client, rebound, "echo") as sock:
                 sock.sendall(b"rebound")
@@ -1431,9 +1455,9 @@ def test_first_sigint_drains_live_tunnels_second_exits(dest):
 
 
 def serving(settings, grace=None):
-    """A proxy.Proxy in this process, serving ``settings`` with handle_server
-    on a thread: (the Proxy, its address, the thread)."""
-    node = proxy.Proxy(max_connections=10)
+    """A listener.Listener in this process, serving ``settings`` with handle_server
+    on a thread: (the Listener, its address, the thread)."""
+    node = listener.Listener(max_connections=10)
     if grace is not None:
         node.GRACE_SECONDS = grace
     address = node.listen(("127.0.0.1", 0), proxy.handle_server, settings)
@@ -1445,7 +1469,8 @@ def serving(settings, grace=None):
 
 def test_graceful_stop_waits_for_live_tunnels_at_most_grace_seconds(caplog):
     """The first Ctrl-C: a tunnel that never ends holds the stop only
-    GRACE_SECONDS (here 1 s), and the user is told how to stop at once."""
+    GRACE_SECONDS (here 1 s), and the user is told how to stop at once. Then the
+    tunnel is cut with a reset: a truncated stream must never look complete."""
     with Dest() as d, caplog.at_level(logging.INFO, logger="obfsproxy"):
         settings = proxy.Settings(transport="dummy", dest=d.address, handshake_timeout=5)
         node, address, thread = serving(settings, grace=1.0)
@@ -1455,9 +1480,12 @@ def test_graceful_stop_waits_for_live_tunnels_at_most_grace_seconds(caplog):
             node.stop(graceful=True)
             thread.join(20)
             assert not thread.is_alive(), "still waiting for the live tunnel"
-            assert node.live == 1, "the tunnel ended: this proves nothing"
+            with pytest.raises(ConnectionResetError):
+                live.recv(1)
+    messages = [r.getMessage() for r in caplog.records]
     assert ("stopped accepting; waiting for 1 live connection(s), at most 1 s "
-            "(interrupt again to stop now)") in [r.getMessage() for r in caplog.records]
+            "(interrupt again to stop now)") in messages
+    assert any("reset: stopped with the tunnel open" in m for m in messages), messages
 
 
 def test_graceful_stop_when_idle_stops_at_once(caplog):
@@ -1479,7 +1507,7 @@ SECRET, ROUNDS = "correct horse", 2000
 
 
 def secret_server(dest, *extra):
-    return Proxy("server", "--dest=" + fmt(dest), "127.0.0.1:0", *extra)
+    return Program("server", "--transport=obfs2", "--dest=" + fmt(dest), "127.0.0.1:0", *extra)
 
 
 def test_plain_server_speaks_first():
@@ -1562,10 +1590,10 @@ def test_bare_connects_cost_a_secret_server_no_key_work():
 #
 # At the default log level (no --log-min-severity) a user must be told which hop
 # failed and why, but a flood of failures must not flood the log: one NOTICE per
-# kind and Proxy.COMPLAINT_INTERVAL, the rest at INFO.
+# kind and Program.COMPLAINT_INTERVAL, the rest at INFO.
 
 def at_default_level(role, *args):
-    return Proxy(role, "127.0.0.1:0", *args)
+    return Program(role, "127.0.0.1:0", *with_transport(args))
 
 
 def test_default_level_says_the_server_cannot_reach_dest():
@@ -1584,7 +1612,7 @@ def test_default_level_says_the_client_cannot_reach_the_server():
         with pytest.raises(SocksReplyError) as failure:
             socks5_connect(client.address, nobody.getsockname(), timeout=20)
         assert failure.value.code == 0x05
-        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): cannot reach the obfs2 server "
+        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): cannot reach the obfs2 bridge "
                             r"\[scrubbed\]: connection refused$")
 
 
@@ -1593,8 +1621,8 @@ def test_default_level_says_the_fixed_client_cannot_reach_its_dest():
             as client:
         with socket.create_connection(client.address, timeout=20) as sock:
             wait_closed(sock, 20)
-        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): cannot reach the obfs2 server "
-                            r"--dest \[scrubbed\]: connection refused$")
+        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): cannot reach the obfs2 bridge "
+                            r"\[scrubbed\]: connection refused$")
 
 
 def test_default_level_says_the_server_is_not_obfs2():
@@ -1602,7 +1630,7 @@ def test_default_level_says_the_server_is_not_obfs2():
         with pytest.raises(SocksReplyError) as failure:
             socks5_connect(client.address, web.address, timeout=20)
         assert failure.value.code == 0x01
-        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): obfs2 handshake with the server "
+        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): obfs2 handshake with the bridge "
                             r"\[scrubbed\] failed: invalid magic value 0x[0-9a-f]{8} \(wrong protocol, "
                             r"or a different shared secret\)$")
 
@@ -1615,8 +1643,9 @@ def test_default_level_says_a_different_secret_on_both_sides(dest):
             socks5_connect(client.address, server.address, timeout=20)
         assert failure.value.code == 0x01
         server.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): not obfs2: invalid magic value "
-                            r"0x[0-9a-f]{8} \(wrong protocol, or a different shared secret\)$")
-        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): obfs2 handshake with the server "
+                            r"0x[0-9a-f]{8} \(wrong protocol, or a different shared secret\); "
+                            r"closed after \d+ s$")
+        client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): obfs2 handshake with the bridge "
                             r"\[scrubbed\] failed: ")
 
 
@@ -1638,24 +1667,31 @@ def test_a_flood_of_failures_gives_one_notice_line_per_kind_and_interval(dest):
     notices = [line for line in lines if "[NOTICE]" in line]
     infos = [line for line in lines if "[INFO]" in line]
     assert len(notices) + len(infos) == FLOOD, lines
-    assert 1 <= len(notices) <= 1 + took // proxy.Proxy.COMPLAINT_INTERVAL, (took, notices)
+    assert 1 <= len(notices) <= 1 + took // listener.Listener.COMPLAINT_INTERVAL, (took, notices)
 
 
-def test_complaints_are_rate_limited_per_kind(caplog):
-    node = proxy.Proxy()
-    node.COMPLAINT_INTERVAL = 3600.0
+def test_complaints_are_rate_limited_per_kind_and_text(caplog):
+    """A repeated failure is said once per interval; a second, different mistake
+    of the same kind is said at once (the user who fixed one and made another
+    must see it), up to COMPLAINT_TEXTS texts of a kind per interval."""
+    node = listener.Listener()
+    node.COMPLAINT_INTERVAL, node.COMPLAINT_TEXTS = 3600.0, 2
     with caplog.at_level(logging.DEBUG, logger="obfsproxy"):
-        for i in range(4):
-            node.complain("dest", "dest %d" % i)
-        node.complain("socks", "socks 0")                        # another kind: its own NOTICE
-        node.complain("full", "full 0", logging.WARNING, rest=None)
-        node.complain("full", "full 1", logging.WARNING, rest=None)  # rest=None: not at all
+        for i in range(3):
+            node.complain("args", "conn %d: missing iat-mode" % i, text="missing iat-mode")
+        node.complain("args", "conn 3: a cert of 69 characters", text="bad cert")   # another text
+        node.complain("args", "conn 4: no username", text="no cert")   # past COMPLAINT_TEXTS
+        node.complain("socks", "conn 5: socks 0", text="socks 0")      # another kind: its own NOTICE
+        node.complain("full", "full 0", logging.WARNING, rest=None, text="full")
+        node.complain("full", "full 1", logging.WARNING, rest=None, text="full")  # rest=None: not at all
         node.COMPLAINT_INTERVAL = 0.0                            # the interval has passed
-        node.complain("dest", "dest 4")
+        node.complain("args", "conn 6: missing iat-mode", text="missing iat-mode")
     seen = [(r.levelname, r.getMessage()) for r in caplog.records]
-    assert seen == [("NOTICE", "dest 0"), ("INFO", "dest 1"), ("INFO", "dest 2"), ("INFO", "dest 3"),
-                    ("NOTICE", "socks 0"), ("WARNING", "full 0"),
-                    ("NOTICE", "dest 4 (and 3 more like this in the last 0 s)")], seen
+    assert seen == [("NOTICE", "conn 0: missing iat-mode"), ("INFO", "conn 1: missing iat-mode"),
+                    ("INFO", "conn 2: missing iat-mode"), ("NOTICE", "conn 3: a cert of 69 characters"),
+                    ("INFO", "conn 4: no username"), ("NOTICE", "conn 5: socks 0"),
+                    ("WARNING", "full 0"),
+                    ("NOTICE", "conn 6: missing iat-mode (and 2 more like this in the last 0 s)")], seen
 
 
 # === Load and soak: the slow group (python3 -m pytest -m slow) ===================

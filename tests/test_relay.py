@@ -1,4 +1,4 @@
-"""proxy.relay in this process, on real sockets.
+"""relay.py in this process, on real sockets: the Relay driven by a Pump.
 
 Each test wires the relay between two socket pairs and plays both outer ends
 itself::
@@ -25,7 +25,7 @@ import time
 import pytest
 from support import IN_CI, recv_all, recv_exact
 
-import proxy
+import relay as relay_
 import transports
 
 WAIT = 5.0   # seconds any one expected event may take before the test fails
@@ -118,48 +118,44 @@ def dummy():
     return transports.Dummy(True)
 
 
-class CountingPool(proxy.BufferPool):
+class CountingPool(relay_.BufferPool):
     """A BufferPool that counts its loans."""
 
     def __init__(self):
-        proxy.BufferPool.__init__(self)
+        relay_.BufferPool.__init__(self)
         self.lent = self.returned = 0
 
     def lend(self):
         self.lent += 1
-        return proxy.BufferPool.lend(self)
+        return relay_.BufferPool.lend(self)
 
     def give_back(self, buffer):
         self.returned += 1
-        proxy.BufferPool.give_back(self, buffer)
+        relay_.BufferPool.give_back(self, buffer)
 
 
 # --- Harness ----------------------------------------------------------------------
 
 class Relay:
-    """proxy.relay(upstream, downstream, transport, tunnel) on a thread."""
+    """A relay.Relay(upstream, downstream, transport) run by a Pump of its own."""
 
     def __init__(self, upstream, downstream, transport, **initial):
         self.pool = CountingPool()
-        self.tunnel = proxy.Tunnel(1, ("127.0.0.1", 1), proxy.KeyWork(), self.pool)
+        self.pump = relay_.Pump("test-pump")
+        self.pump.buffers = self.pool
+        self.relay = relay_.Relay(upstream, downstream, transport, **initial)
         self.error = None
         self.ended = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True,
-                                       args=(upstream, downstream, transport, initial))
-        self.thread.start()
+        self.pump.add(self.relay, self._end)
 
-    def _run(self, upstream, downstream, transport, initial):
-        try:
-            proxy.relay(upstream, downstream, transport, self.tunnel, **initial)
-        except BaseException as error:  # for the test to look at
-            self.error = error
-        finally:
-            self.ended.set()
+    def _end(self, error):
+        self.error = error
+        self.ended.set()
 
     def result(self):
-        """What the relay raised, or None; fails if it does not end."""
+        """What the relay ended with (None: a clean end); fails if it does not end."""
         assert self.ended.wait(WAIT), "the relay did not end"
-        self.thread.join(WAIT)
+        assert self.pump.stop(timeout=WAIT), "the pump did not stop"
         return self.error
 
 
@@ -223,7 +219,7 @@ def test_dummy_carries_every_byte_both_ways(ends):
     for writer in writers:
         writer.join(WAIT)
     assert relay.result() is None
-    up, down = relay.tunnel.relaying
+    up, down = relay.relay.up, relay.relay.down
     assert (up.count, down.count) == (len(up_data), len(down_data))
 
 
@@ -326,7 +322,7 @@ def test_a_reader_that_does_not_read_stops_the_relay_reading(ends):
     kernel = sum(sock.getsockopt(socket.SOL_SOCKET, option)
                  for sock in (app, upstream, downstream, peer)
                  for option in (socket.SO_SNDBUF, socket.SO_RCVBUF))
-    bound = 2 * kernel + proxy.CHUNK        # what the kernel buffers, and one chunk in the relay
+    bound = 2 * kernel + relay_.CHUNK        # what the kernel buffers, and one chunk in the relay
     data = os.urandom(4 * bound)
     relay = Relay(upstream, downstream, dummy())
     # The peer reads nothing. Write until the app's socket stays full.
@@ -340,8 +336,8 @@ def test_a_reader_that_does_not_read_stops_the_relay_reading(ends):
         except BlockingIOError:
             pass
     assert written < bound, "the relay took %d bytes that nobody reads (bound %d)" % (written, bound)
-    up, _ = relay.tunnel.relaying
-    assert up.count <= written and len(up.pending) <= proxy.CHUNK
+    up = relay.relay.up
+    assert up.count <= written and len(up.pending) <= relay_.CHUNK
     assert relay.pool.lent - relay.pool.returned <= 1, "the relay holds more than one chunk"
     # The peer starts reading: everything arrives, nothing lost or repeated.
     app.settimeout(WAIT)
@@ -384,7 +380,7 @@ def test_every_lent_buffer_goes_back_to_the_pool(ends, make_transport):
     app, upstream, downstream, peer = ends()
     relay = Relay(upstream, downstream, make_transport())
     encode = frame if make_transport is Framed else bytes
-    writers = [in_background(send_then_eof, app, os.urandom(3 * proxy.CHUNK)),
+    writers = [in_background(send_then_eof, app, os.urandom(3 * relay_.CHUNK)),
                in_background(send_then_eof, peer, encode(os.urandom(100000)))]
     recv_all(peer)
     recv_all(app)
@@ -393,7 +389,7 @@ def test_every_lent_buffer_goes_back_to_the_pool(ends, make_transport):
     assert relay.result() is None
     pool = relay.pool
     assert pool.lent >= 4 and pool.lent == pool.returned
-    assert 1 <= len(pool._buffers) <= proxy.SPARE_BUFFERS
+    assert 1 <= len(pool._buffers) <= relay_.SPARE_BUFFERS
 
 
 @pytest.mark.parametrize("failure", ["reset", "protocol-error"])
@@ -408,6 +404,133 @@ def test_a_failed_relay_gives_its_buffers_back_too(ends, failure):
         peer.sendall(b"\0\0")
     assert relay.result() is not None
     assert relay.pool.lent == relay.pool.returned
+
+
+# --- What the contract lets a transport ask of the relay ------------------------------
+
+class Owing(transports.Dummy):
+    """Bytes unchanged, but every chunk received makes it owe the peer an
+    acknowledgement (as TLS owes a KeyUpdate or a session ticket answer), and the
+    end of the application's stream makes it send a closing record first."""
+
+    CLOSE = b"<close_notify>"
+
+    def __init__(self):
+        transports.Dummy.__init__(self, True)
+        self.owed = b""
+
+    def receive(self, data):
+        self.owed += b"<ack %d>" % len(data)
+        return data
+
+    def receive_in_place(self, buffer):
+        return False               # always through receive(): it owes something each time
+
+    def data_to_send(self):
+        owed, self.owed = self.owed, b""
+        return owed
+
+    def end(self):
+        return self.CLOSE
+
+
+def test_what_receiving_makes_the_transport_owe_reaches_the_peer_in_order(ends):
+    app, upstream, downstream, peer = ends()
+    relay = Relay(upstream, downstream, Owing())
+    peer.sendall(b"hello")
+    assert recv_exact(app, 5) == b"hello"
+    assert recv_exact(peer, 7) == b"<ack 5>"
+    app.sendall(b"data after it")
+    assert recv_exact(peer, 13) == b"data after it"          # owed bytes first, then the data
+    peer.shutdown(socket.SHUT_WR)
+    assert app.recv(1) == b""
+    send_then_eof(app, b"")
+    # The application's EOF: the transport's closing bytes, then the FIN.
+    assert recv_all(peer) == Owing.CLOSE
+    assert relay.result() is None
+
+
+class Failing(Framed):
+    """A Framed whose ProtocolError carries the plaintext of the good frames that
+    came in the same read before the bad one (the contract's ``.data``)."""
+
+    def receive(self, data):
+        self._buffer += data
+        out = []
+        while len(self._buffer) >= 2:
+            (length,) = struct.unpack(">H", self._buffer[:2])
+            if length == 0:
+                error = FramedError("empty frame")
+                error.data = b"".join(out)
+                raise error
+            if len(self._buffer) < 2 + length:
+                break
+            out.append(bytes(b ^ 0x5A for b in self._buffer[2:2 + length]))
+            del self._buffer[:2 + length]
+        return b"".join(out)
+
+
+def test_plaintext_decoded_before_a_protocol_error_is_delivered_first(ends):
+    """Two good frames and a bad one in one read: the application gets both
+    frames' bytes, then the relay ends with the error (obfs4proxy too relays
+    what it decoded before it tears a connection down)."""
+    app, upstream, downstream, peer = ends()
+    relay = Relay(upstream, downstream, Failing())
+    peer.sendall(frame(b"first ") + frame(b"second") + b"\0\0")
+    assert recv_exact(app, 12) == b"first second"
+    error = relay.result()
+    assert isinstance(error, FramedError) and error.data == b"first second"
+
+
+def test_one_pump_carries_many_relays_each_to_its_own_peer():
+    pump = relay_.Pump("test-pump")
+    pairs, ended = [], []
+    try:
+        for _ in range(60):
+            app, upstream = socket.socketpair()
+            downstream, peer = socket.socketpair()
+            for sock in (app, peer):
+                sock.settimeout(WAIT)
+            pairs.append((app, upstream, downstream, peer))
+            pump.add(relay_.Relay(upstream, downstream, Framed()), ended.append)
+        payloads = [os.urandom(1000 + 977 * i) for i in range(len(pairs))]
+        for (app, _, _, peer), data in zip(pairs, payloads):
+            app.sendall(data)
+            peer.sendall(frame(data[::-1]))
+        for (app, _, _, peer), data in zip(pairs, payloads):
+            assert unframe(recv_exact(peer, len(frame(data)))) == data
+            assert recv_exact(app, len(data)) == data[::-1]
+            app.shutdown(socket.SHUT_WR)
+            peer.shutdown(socket.SHUT_WR)
+        end = time.monotonic() + WAIT
+        while len(ended) < len(pairs) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert ended == [None] * len(pairs) and len(pump) == 0
+    finally:
+        assert pump.stop(timeout=WAIT)
+        for group in pairs:
+            for sock in group:
+                sock.close()
+
+
+def test_stopping_a_pump_with_abort_resets_the_live_tunnels(ends):
+    """A forced stop must not look like a complete stream to either end."""
+    app, upstream, downstream, peer = ends(tcp=True)
+    pump = relay_.Pump("test-pump")
+    ended = []
+
+    def close_both(error):      # what the listener does in on_end: close the sockets
+        ended.append(error)
+        upstream.close()
+        downstream.close()
+    pump.add(relay_.Relay(upstream, downstream, transports.Dummy(True)), close_both)
+    app.sendall(b"ping")
+    assert recv_exact(peer, 4) == b"ping"
+    assert pump.stop(abort=True, timeout=WAIT)
+    assert len(ended) == 1 and isinstance(ended[0], relay_.Stopped)
+    for end in (app, peer):
+        with pytest.raises(ConnectionResetError):
+            end.recv(1)
 
 
 # --- A soft error is not a reset ---------------------------------------------------
@@ -457,17 +580,8 @@ def test_a_transient_icmp_error_does_not_end_a_tunnel():
     app, upstream = connected_pair()
     downstream, peer = connected_pair()
     ended = []
-
-    def run():
-        try:
-            proxy.relay(upstream, downstream, transports.Dummy(True),
-                        proxy.Tunnel(1, ("127.0.0.1", 1), proxy.KeyWork(), proxy.BufferPool()))
-            ended.append(None)
-        except OSError as exc:
-            ended.append(exc)
-
-    relay = threading.Thread(target=run, daemon=True)
-    relay.start()
+    pump = relay_.Pump("test-pump")
+    pump.add(relay_.Relay(upstream, downstream, transports.Dummy(True)), ended.append)
     try:
         app.sendall(b"request")
         app.shutdown(socket.SHUT_WR)                  # upstream is now watched for nothing
@@ -498,14 +612,17 @@ def test_a_transient_icmp_error_does_not_end_a_tunnel():
         body = body[:2] + struct.pack("!H", checksum(body)) + body[4:]
         with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP) as raw:
             raw.sendto(body, ("127.0.0.1", 0))
-        relay.join(proxy.IDLE_CHECK * 2.5)       # the relay looks, and must carry on
+        time.sleep(relay_.IDLE_CHECK * 2.5)       # the relay looks, and must carry on
         assert not ended, "the relay ended on a transient ICMP error: %r" % ended
         peer.sendall(b"response")
         peer.shutdown(socket.SHUT_WR)
         app.settimeout(5)
         assert recv_exact(app, 8) == b"response"
-        relay.join(5)
+        end = time.monotonic() + 5
+        while not ended and time.monotonic() < end:
+            time.sleep(0.01)
         assert ended == [None]
     finally:
+        pump.stop()
         for sock in (sniffer, app, upstream, downstream, peer):
             sock.close()

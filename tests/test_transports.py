@@ -298,9 +298,9 @@ def test_an_unknown_transport_is_a_value_error_naming_the_choices():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_protocol_error_is_an_exception_the_core_catches(name):
+    """The core catches ``Exception`` subclasses; a BaseException would pass by it."""
     error = transports.TRANSPORTS[name].ProtocolError
     assert isinstance(error, type) and issubclass(error, Exception)
-    assert error in transports.PROTOCOL_ERRORS
 
 
 def test_every_transport_has_a_case_row_or_takes_the_default():

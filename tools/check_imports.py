@@ -5,14 +5,19 @@ Reads every top-level ``*.py`` of the project with ``ast`` (nothing is
 imported or run), keeps the imports that name one of the project's own
 modules, wherever they stand (a lazy ``import demo`` inside a function is an
 edge too), prints the graph one ``module -> deps`` line per module, and
-checks three rules::
+checks four rules::
 
     1. no cycle                    a -> b -> a would make the layers meaningless
     2. nobody imports obfsproxy    the CLI is the top; nothing may depend on it
-    3. the sans-IO leaves          obfs2, obfs3, obfs4, obfs4_crypto, socks
-       import nothing of ours,     except obfs4 -> obfs4_crypto (the primitives
-                                   obfs4 needs); a leaf that imported proxy would
-                                   drag sockets and threads into the protocol
+    3. the sans-IO leaves          obfs2, obfs3, obfs4, obfs4_crypto, socks,
+       import nothing of ours,     webtunnel, and the relay, except obfs4 ->
+                                   obfs4_crypto (the primitives obfs4 needs); a
+                                   leaf that imported proxy would drag sockets
+                                   and threads into the protocol, a relay that
+                                   imported the listener would know tunnels
+    4. the standard library only   relay and webtunnel import nothing outside it
+                                   (checked where Python names its standard
+                                   library: 3.10 and newer)
 
 Exit status 0 when all hold, 1 (with one line per violation on stderr) when
 one does not or a file does not parse.
@@ -27,8 +32,10 @@ import sys
 from pathlib import Path
 
 CLI = "obfsproxy"
-LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "socks")
+LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "socks", "webtunnel", "relay")
 LEAF_ALLOWED = {("obfs4", "obfs4_crypto")}
+STDLIB_ONLY = ("relay", "webtunnel")
+STDLIB = getattr(sys, "stdlib_module_names", None)
 
 
 def imported_names(tree):
@@ -42,15 +49,18 @@ def imported_names(tree):
     return names
 
 
-def build_graph(folder):
+def build_graph(folder, outside=None):
     """{module: sorted list of the project modules it imports}. SyntaxError
-    (with the file name) when a file does not parse."""
+    (with the file name) when a file does not parse. ``outside``, if given, is
+    filled with {module: the names it imports that are not the project's}."""
     paths = {path.stem: path for path in sorted(Path(folder).glob("*.py"))}
     graph = {}
     for module, path in paths.items():
         source = path.read_text(encoding="utf-8")
-        tree = ast.parse(source, filename=str(path))
-        graph[module] = sorted((imported_names(tree) & set(paths)) - {module})
+        names = imported_names(ast.parse(source, filename=str(path)))
+        graph[module] = sorted((names & set(paths)) - {module})
+        if outside is not None:
+            outside[module] = sorted(names - set(paths))
     return graph
 
 
@@ -83,9 +93,15 @@ def find_cycle(graph):
     return None
 
 
-def violations(graph):
+def violations(graph, outside=None):
     """Every broken rule, one sentence each."""
     problems = []
+    for module in STDLIB_ONLY:
+        if STDLIB is not None and outside and module in outside:
+            for name in outside[module]:
+                if name not in STDLIB:
+                    problems.append("%s may use the standard library only, but imports %s"
+                                    % (module, name))
     cycle = find_cycle(graph)
     if cycle:
         problems.append("import cycle: %s" % " -> ".join(cycle))
@@ -101,8 +117,9 @@ def violations(graph):
 
 def main(argv):
     folder = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent.parent
+    outside = {}
     try:
-        graph = build_graph(folder)
+        graph = build_graph(folder, outside)
     except SyntaxError as error:
         print("check_imports: cannot parse %s: %s" % (error.filename, error.msg), file=sys.stderr)
         return 1
@@ -111,7 +128,7 @@ def main(argv):
         return 1
     for module, deps in sorted(graph.items()):
         print("%s -> %s" % (module, ", ".join(deps) if deps else "(nothing of ours)"))
-    problems = violations(graph)
+    problems = violations(graph, outside)
     for problem in problems:
         print("check_imports: %s" % problem, file=sys.stderr)
     return 1 if problems else 0

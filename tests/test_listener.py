@@ -1,0 +1,420 @@
+"""listener.py: the accept loop, handshake threads, the pump, and how tunnels end.
+
+In-process tests drive a ``listener.Listener`` on 127.0.0.1 with the real
+handlers (proxy.py) and the dummy or obfs2 transport, and watch it from inside
+(its counters, this process's threads, its log records). The probe-resistance
+tests run the real program: our obfs4 client and server as subprocesses, with
+a relay between them that can flip one bit, and watch how the bridge closes.
+"""
+
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from support import EchoServer, Program, fmt, recv_all, recv_exact, socks5_connect
+
+import listener
+import proxy
+
+WAIT = 10.0
+
+
+def wait_until(check, timeout=WAIT, what="condition"):
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            pytest.fail("%s: not within %.0f s" % (what, timeout))
+        time.sleep(0.005)
+
+
+def serving(settings, handler=proxy.handle_server, **attributes):
+    """A Listener in this process serving ``settings`` on a thread:
+    (the Listener, its address, the thread)."""
+    node = listener.Listener(max_connections=10000, pool_size=0)
+    for name, value in attributes.items():
+        setattr(node, name, value)
+    address = node.listen(("127.0.0.1", 0), handler, settings)
+    thread = threading.Thread(target=node.serve, daemon=True)
+    thread.start()
+    assert node.ready.wait(WAIT)
+    return node, address, thread
+
+
+def named_threads(prefix):
+    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+@pytest.fixture
+def dummy_pair():
+    """An in-process dummy server in front of an echo, and a SOCKS client:
+    (client address, server address, server Listener, client Listener)."""
+    echo = EchoServer(backlog=1024)
+    server, server_address, server_thread = serving(
+        proxy.Settings("dummy", dest=echo.address), SPARE_SECONDS=0.2)
+    client, client_address, client_thread = serving(
+        proxy.Settings("dummy"), proxy.handle_socks_client, SPARE_SECONDS=0.2)
+    yield client_address, server_address, server, client
+    for node, thread in ((server, server_thread), (client, client_thread)):
+        node.stop()
+        thread.join(WAIT)
+    echo.close()
+
+
+def socks_echo(client_address, server_address, payload=b"hello"):
+    sock = socks5_connect(client_address, server_address)
+    sock.sendall(payload)
+    assert recv_exact(sock, len(payload)) == payload
+    return sock
+
+
+# --- Threads: one per handshake, none per tunnel ---------------------------------------
+
+def test_a_live_tunnel_holds_no_thread_and_still_carries_data_both_ways(dummy_pair):
+    """Once the handshake is done, the handshake thread goes (after SPARE_SECONDS):
+    the tunnel lives in the pump, however long it stays, quiet or busy."""
+    client_address, server_address, server, client = dummy_pair
+    sock = socks_echo(client_address, server_address)
+    wait_until(lambda: not named_threads("conn-"), what="the handshake threads gone")
+    assert server.live == 1 and client.live == 1
+    assert len(named_threads("pump-")) == 2          # one pump in each listener
+    sock.sendall(b"after a quiet spell")
+    assert recv_exact(sock, 19) == b"after a quiet spell"
+    big = bytes(range(256)) * 4096                   # 1 MiB through the pump
+    writer = threading.Thread(target=sock.sendall, args=(big,), daemon=True)
+    writer.start()
+    assert recv_exact(sock, len(big)) == big
+    writer.join(WAIT)
+    assert not named_threads("conn-")
+    sock.close()
+    wait_until(lambda: server.live == 0 and client.live == 0, what="the tunnel ended on both")
+
+
+def test_closing_many_tunnels_at_once_wakes_no_thread_per_tunnel(dummy_pair):
+    client_address, server_address, server, client = dummy_pair
+    socks = [socks_echo(client_address, server_address, b"x") for _ in range(150)]
+    wait_until(lambda: not named_threads("conn-"), what="the handshake threads gone")
+    peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], len(named_threads("conn-")) + len(named_threads("pump-")))
+            time.sleep(0.001)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    for sock in socks:
+        sock.close()
+    wait_until(lambda: server.live == 0 and client.live == 0, timeout=30, what="every tunnel ended")
+    done.set()
+    watcher.join(WAIT)
+    assert peak[0] <= 2, "%d threads woke to close 150 tunnels" % peak[0]
+
+
+def test_a_pump_at_rest_goes_and_comes_back():
+    """A proxy with no tunnel holds no pump thread (nor its descriptors); the
+    next tunnel brings one back."""
+    with EchoServer() as echo:
+        server, address, thread = serving(proxy.Settings("dummy", dest=echo.address))
+        try:
+            for round_ in range(2):
+                with socket.create_connection(address, timeout=WAIT) as sock:
+                    sock.sendall(b"round %d" % round_)
+                    sock.shutdown(socket.SHUT_WR)
+                    assert recv_all(sock) == b"round %d" % round_
+                wait_until(lambda: server.live == 0, what="the tunnel ended")
+                assert len(named_threads("pump-")) == 1
+                wait_until(lambda: not named_threads("pump-"), timeout=2 * WAIT,
+                           what="the idle pump thread gone")
+        finally:
+            server.stop()
+            thread.join(WAIT)
+
+
+def test_thread_start_failure_closes_that_connection_only(monkeypatch, caplog):
+    """threading.Thread.start fails for the 2nd and 3rd handshake thread (as it
+    does when the OS refuses a thread): those connections are closed with a reset
+    and an error line; the others, and the live tunnel, carry on."""
+    with EchoServer() as echo:
+        node, address, thread = serving(proxy.Settings("dummy", dest=echo.address, handshake_timeout=5),
+                                        SPARE_THREADS=0)   # each handshake needs a new thread
+        real = threading.Thread
+        starts = {"conn": 0}
+
+        class FlakyThread(real):
+            def start(self):
+                if self.name.startswith("conn-"):
+                    starts["conn"] += 1
+                    if starts["conn"] in (2, 3):
+                        raise RuntimeError("can't start new thread")
+                super().start()
+
+        monkeypatch.setattr(listener.threading, "Thread", FlakyThread)
+        try:
+            with caplog.at_level(logging.INFO, logger="obfsproxy"):
+                first = socket.create_connection(address, timeout=WAIT)
+                first.sendall(b"one")
+                assert recv_exact(first, 3) == b"one"
+                for _ in range(2):
+                    with socket.create_connection(address, timeout=WAIT) as doomed:
+                        with pytest.raises(ConnectionResetError):
+                            doomed.recv(1)
+                with socket.create_connection(address, timeout=WAIT) as fourth:
+                    fourth.sendall(b"four")
+                    fourth.shutdown(socket.SHUT_WR)
+                    assert recv_all(fourth) == b"four"
+                first.sendall(b"still one")            # the first tunnel was not disturbed
+                first.shutdown(socket.SHUT_WR)
+                assert recv_all(first) == b"still one"
+                first.close()
+                wait_until(lambda: node.live == 0, what="all connections finished")
+            errors = [r.getMessage() for r in caplog.records if "cannot start a thread" in r.getMessage()]
+            assert len(errors) == 2, errors
+        finally:
+            monkeypatch.undo()
+            node.stop()
+            thread.join(WAIT)
+        assert not thread.is_alive()
+
+
+def test_no_pump_for_a_tunnel_closes_it_with_a_reset_and_a_line(monkeypatch, caplog):
+    """If the pump cannot take a tunnel (no thread, no descriptor), that tunnel is
+    reset and said, never left open or silently dropped."""
+    with EchoServer() as echo:
+        node, address, thread = serving(proxy.Settings("dummy", dest=echo.address))
+
+        def refuse(relay, on_end):
+            raise RuntimeError("no descriptor for the pump: Too many open files")
+        try:
+            with caplog.at_level(logging.INFO, logger="obfsproxy"):
+                monkeypatch.setattr(listener.relay_.Pump, "add", lambda self, *a: refuse(*a))
+                with socket.create_connection(address, timeout=WAIT) as sock:
+                    with pytest.raises(ConnectionResetError):
+                        sock.recv(1)
+                wait_until(lambda: node.live == 0, what="the connection counted out")
+            lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+            assert any("cannot relay" in line and "Too many open files" in line for line in lines), lines
+        finally:
+            monkeypatch.undo()
+            node.stop()
+            thread.join(WAIT)
+
+
+# --- Stopping ------------------------------------------------------------------------
+
+def test_graceful_stop_waits_for_live_tunnels_at_most_grace_seconds(caplog):
+    """The first Ctrl-C: a tunnel that never ends holds the stop only
+    GRACE_SECONDS (here 1 s), and the user is told how to stop at once. Then the
+    tunnel is cut with a reset: a truncated stream must never look complete."""
+    with EchoServer() as echo, caplog.at_level(logging.INFO, logger="obfsproxy"):
+        node, address, thread = serving(proxy.Settings("dummy", dest=echo.address), GRACE_SECONDS=1.0)
+        with socket.create_connection(address, timeout=WAIT) as live:
+            live.sendall(b"x")
+            assert recv_exact(live, 1) == b"x"
+            node.stop(graceful=True)
+            thread.join(20)
+            assert not thread.is_alive(), "still waiting for the live tunnel"
+            with pytest.raises(ConnectionResetError):
+                live.recv(1)
+    messages = [r.getMessage() for r in caplog.records]
+    assert ("stopped accepting; waiting for 1 live connection(s), at most 1 s "
+            "(interrupt again to stop now)") in messages
+    assert any("reset: stopped with the tunnel open" in m for m in messages), messages
+
+
+def test_a_tunnel_that_ends_during_a_graceful_stop_ends_cleanly(caplog):
+    with EchoServer() as echo, caplog.at_level(logging.INFO, logger="obfsproxy"):
+        node, address, thread = serving(proxy.Settings("dummy", dest=echo.address), GRACE_SECONDS=30.0)
+        with socket.create_connection(address, timeout=WAIT) as live:
+            live.sendall(b"x")
+            assert recv_exact(live, 1) == b"x"
+            node.stop(graceful=True)
+            live.sendall(b"yz")                     # still served while it drains
+            live.shutdown(socket.SHUT_WR)
+            assert recv_all(live) == b"yz"          # then a clean end: EOF, no reset
+        thread.join(20)
+        assert not thread.is_alive()
+
+
+def test_graceful_stop_when_idle_stops_at_once(caplog):
+    """No live tunnel: nothing to wait for, and nothing said about waiting."""
+    with EchoServer() as echo, caplog.at_level(logging.DEBUG, logger="obfsproxy"):
+        node, address, thread = serving(proxy.Settings("dummy", dest=echo.address))
+        node.stop(graceful=True)
+        thread.join(WAIT)     # GRACE_SECONDS is 30: returning at all within 10 s is "at once"
+        assert not thread.is_alive()
+    assert not [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+
+
+# --- What the log says -------------------------------------------------------------
+
+def test_complaints_are_rate_limited_per_kind_and_text(caplog):
+    """A repeated failure is said once per interval; a second, different mistake
+    of the same kind is said at once (the user who fixed one and made another
+    must see it), up to COMPLAINT_TEXTS texts of a kind per interval."""
+    node = listener.Listener(pool_size=0)
+    node.COMPLAINT_INTERVAL, node.COMPLAINT_TEXTS = 3600.0, 2
+    with caplog.at_level(logging.DEBUG, logger="obfsproxy"):
+        for i in range(3):
+            node.complain("args", "conn %d: missing iat-mode" % i, text="missing iat-mode")
+        node.complain("args", "conn 3: a cert of 69 characters", text="bad cert")   # another text
+        node.complain("args", "conn 4: no username", text="no cert")   # past COMPLAINT_TEXTS
+        node.complain("socks", "conn 5: socks 0", text="socks 0")      # another kind: its own NOTICE
+        node.complain("full", "full 0", logging.WARNING, rest=None, text="full")
+        node.complain("full", "full 1", logging.WARNING, rest=None, text="full")  # rest=None: not at all
+        node.COMPLAINT_INTERVAL = 0.0                            # the interval has passed
+        node.complain("args", "conn 6: missing iat-mode", text="missing iat-mode")
+    seen = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert seen == [("NOTICE", "conn 0: missing iat-mode"), ("INFO", "conn 1: missing iat-mode"),
+                    ("INFO", "conn 2: missing iat-mode"), ("NOTICE", "conn 3: a cert of 69 characters"),
+                    ("INFO", "conn 4: no username"), ("NOTICE", "conn 5: socks 0"),
+                    ("WARNING", "full 0"),
+                    ("NOTICE", "conn 6: missing iat-mode (and 2 more like this in the last 0 s)")], seen
+
+
+def test_two_different_mistakes_in_a_row_are_both_said_at_the_default_level():
+    """A SOCKS client that gets the obfs4 arguments wrong twice, differently,
+    within a second: the user sees both reasons at once (not one, then silence)."""
+    with Program("client", "--transport=obfs4", "127.0.0.1:0") as client:
+        for args in ("cert=%s" % ("A" * 70), "cert=AAAA;iat-mode=0"):
+            try:
+                socks5_connect(client.address, ("127.0.0.1", 9), args=args, timeout=WAIT).close()
+            except Exception:   # the failure reply: what matters here is the log
+                pass
+        client.log.wait_for(r"\[NOTICE\] conn 1 .*bad obfs4 arguments")
+        client.log.wait_for(r"\[NOTICE\] conn 2 .*bad obfs4 arguments")
+
+
+# --- Probe resistance: a bridge closes a broken stream with a FIN, on every path ---------
+
+class BitFlipper:
+    """A TCP relay between our obfs4 client and our obfs4 server that, once
+    ``arm()``ed, flips one bit of the next chunk going to the server (in the
+    Poly1305 tag of its first frame, so that the frame check fails at once), and
+    records how the server then closed its side: "FIN" or "RST"."""
+
+    def __init__(self, server_address):
+        self.server_address = server_address
+        self.armed = threading.Event()
+        self.closed_by_server = None
+        self.ended = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = self._listener.getsockname()[:2]
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def arm(self):
+        self.armed.set()
+
+    def _run(self):
+        conn, _ = self._listener.accept()
+        self._listener.close()
+        upstream = socket.create_connection(self.server_address)
+        threading.Thread(target=self._down, args=(upstream, conn), daemon=True).start()
+        try:
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    upstream.shutdown(socket.SHUT_WR)
+                    return
+                if self.armed.is_set() and len(data) > 5:
+                    self.armed.clear()     # a bit of the first frame's tag (its length stays right)
+                    data = data[:5] + bytes([data[5] ^ 0x01]) + data[6:]
+                upstream.sendall(data)
+        except OSError:
+            return
+
+    def _down(self, upstream, conn):
+        try:
+            while True:
+                data = upstream.recv(65536)
+                if not data:
+                    self.closed_by_server = "FIN"
+                    break
+                conn.sendall(data)
+        except ConnectionResetError:
+            self.closed_by_server = "RST"
+        except OSError:
+            self.closed_by_server = "error"
+        finally:
+            self.ended.set()
+            for sock in (conn, upstream):
+                sock.close()
+
+
+@pytest.mark.parametrize("path", ["at once", "idle then small steps", "idle then a large step",
+                                  "paced"])
+def test_a_bridge_closes_a_tampered_stream_with_a_fin_whatever_its_history(tmp_path, path):
+    """One flipped bit on the path makes the bridge's frame check fail mid-stream.
+    obfs4proxy then closes with a plain FIN; a bridge of ours must too (a reset
+    would tell an on-path prober which implementation runs the bridge), whatever
+    the tunnel did before: at once, after a quiet spell and small steps, after a
+    quiet spell and one large step, or with iat-mode pacing."""
+    iat = ["--iat-mode=1"] if path == "paced" else []
+    with EchoServer() as echo, \
+            Program("server", "--transport=obfs4", "--state-dir=%s" % tmp_path, *iat,
+                    "--dest=" + fmt(echo.address), "127.0.0.1:0", "--log-min-severity=info") as server:
+        line = server.log.wait_for(r"bridge line for clients: .*cert=(\S+) iat-mode=(\d)")
+        flipper = BitFlipper(server.address)
+        with Program("client", "--transport=obfs4", "--cert=" + line.group(1), "--iat-mode=0",
+                     "--dest=" + fmt(flipper.address), "127.0.0.1:0") as client:
+            with socket.create_connection(client.address, timeout=30) as app:
+                app.sendall(b"hello")
+                assert recv_exact(app, 5) == b"hello"
+                if path != "at once":
+                    time.sleep(1.5)            # longer than any quiet-spell threshold the core had
+                if path == "idle then small steps":
+                    for _ in range(3):
+                        app.sendall(b"step")
+                        assert recv_exact(app, 4) == b"step"
+                elif path == "idle then a large step":
+                    big = os.urandom(256 * 1024)
+                    writer = threading.Thread(target=app.sendall, args=(big,), daemon=True)
+                    writer.start()
+                    assert recv_exact(app, len(big)) == big
+                    writer.join(WAIT)
+                flipper.arm()
+                app.sendall(b"tampered")
+                assert flipper.ended.wait(30), "the bridge never closed the tampered stream"
+            server.log.wait_for(r"conn 1 .*: not obfs4: .*Poly1305")
+        assert flipper.closed_by_server == "FIN", flipper.closed_by_server
+
+
+def test_the_flipper_tells_a_reset_from_a_fin():
+    """The check above can fail: a server that resets is seen as RST."""
+    class Resetting(EchoServer):
+        def _serve(self, conn):
+            conn.recv(1)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+    with Resetting() as server:
+        flipper = BitFlipper(server.address)
+        with socket.create_connection(flipper.address, timeout=WAIT) as app:
+            app.sendall(b"x")
+            assert flipper.ended.wait(WAIT)
+    assert flipper.closed_by_server == "RST"
+
+
+def reply_214_after_eof(conn):
+    """Read the request to its end, answer 214 bytes."""
+    recv_all(conn)
+    conn.sendall(b"y" * 214)
+
+
+def test_log_lines_count_application_bytes_the_same_way_on_both_ends(tmp_path):
+    """"closed after N bytes client->server, M bytes server->client": the same
+    application bytes on both ends, however obfs4 framed and padded them."""
+    with EchoServer(behaviour=reply_214_after_eof) as web, \
+            Program("server", "--transport=obfs4", "--state-dir=%s" % tmp_path,
+                    "--dest=" + fmt(web.address), "127.0.0.1:0", "--log-min-severity=info") as server:
+        cert = server.log.wait_for(r"cert=(\S+)").group(1)
+        with Program("client", "--transport=obfs4", "--cert=" + cert, "--iat-mode=0",
+                     "--dest=" + fmt(server.address), "127.0.0.1:0", "--log-min-severity=info") as client:
+            with socket.create_connection(client.address, timeout=WAIT) as app:
+                app.sendall(b"x" * 89)
+                app.shutdown(socket.SHUT_WR)
+                assert recv_all(app) == b"y" * 214
+            pattern = r"conn 1 .*closed after (\d+) bytes client->server, (\d+) bytes server->client"
+            said = [tuple(map(int, node.log.wait_for(pattern).groups())) for node in (client, server)]
+    assert said == [(89, 214), (89, 214)], said
