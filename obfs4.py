@@ -682,7 +682,8 @@ class _Config:
     ``pad_length(lo, hi)``   the handshake padding length, uniform in lo..hi
     ``sample(dist)``         one draw from a lenDist/iatDist table
     ``randbelow(n)``         the decoder's pretend length after a bad length field
-    ``keypairs()``           (priv, u, representative), or None for generate_keypair
+    ``keypairs()``           (priv, u, representative), or None for generate_keypair;
+                             a connection's ``prepared`` item comes first
     """
 
     def __init__(self, iat_mode):
@@ -729,7 +730,13 @@ class Obfs4:
     reply + seed frame in ``data_to_send()``; then ``is_open``. Both: ``send(plaintext)``
     returns frames and padding; in iat-mode 1/2 (``paced``) ``send_paced(plaintext)``
     returns (bytes, seconds to wait after them) pieces. Any peer error: ``ProtocolError``.
-    The ephemeral keypair is made here, before any byte is read or sent.
+
+    The ephemeral keypair (x, X, X') is the key work the core serialises, so it is made
+    inside ``start()`` (client) and inside the ``receive()`` that verified MAC_C (server:
+    a prober, which never gets that far, costs no key generation at all), never in the
+    constructor, which runs unserialised for every accepted connection. It is, in order:
+    ``prepared`` (one item of ``prepare()``'s pool), else ``config.keypairs()`` (tests),
+    else ``generate_keypair(config.randbytes)``.
     """
 
     name = "obfs4"
@@ -751,13 +758,19 @@ class Obfs4:
         identity = load_or_create_state(state_dir, options, randbytes)
         return ServerConfig(identity), {"cert": identity.cert, "iat-mode": str(identity.iat_mode)}
 
-    def __init__(self, initiator, config):
+    @classmethod
+    def prepare(cls, initiator, config):
+        """Both sides start from an ephemeral X25519 keypair with an Elligator2
+        representative, which depends on nothing: one pool for every config and role."""
+        return "obfs4 keypairs", generate_keypair
+
+    def __init__(self, initiator, config, prepared=None):
         self.initiator = initiator
         self.config = config
         self.iat_mode = config.iat_mode
         self.paced = self.iat_mode != IAT_NONE
-        keypair = config.keypairs() if config.keypairs else generate_keypair(config.randbytes)
-        self._priv, self._u, self._representative = keypair
+        self._prepared = prepared                   # a (x, X, X') made ahead, or None
+        self._priv = self._u = self._representative = None
         self._mac_key = config.public_key + config.node_id          # KEY = B | NODEID
         self._buffer = bytearray()
         self._peer_mark = None
@@ -780,6 +793,18 @@ class Obfs4:
     def is_open(self):
         return self.state == OPEN
 
+    def _make_keypair(self):
+        """x, X and X' (client) or y, Y and Y' (server): the pooled item, else the
+        config's supplier, else fresh from config.randbytes. Called once, by start()
+        or by the receive() that accepts the client's handshake."""
+        if self._prepared is not None:
+            keypair, self._prepared = self._prepared, None
+        elif self.config.keypairs:
+            keypair = self.config.keypairs()
+        else:
+            keypair = generate_keypair(self.config.randbytes)
+        self._priv, self._u, self._representative = keypair
+
     def start(self):
         """Client: X' | P_C | M_C | MAC_C (§2.3), remembering the E string it used."""
         if not self.initiator:
@@ -787,6 +812,7 @@ class Obfs4:
         if self.state != NEW:
             raise RuntimeError("obfs4: start() called twice")
         config = self.config
+        self._make_keypair()                                             # x, X, X'
         pad_length = config.pad_length(CLIENT_MIN_PAD_LENGTH, CLIENT_MAX_PAD_LENGTH)
         mark = h16(self._mac_key, self._representative)                  # M_C = H16(KEY, X')
         head = self._representative + config.randbytes(pad_length) + mark
@@ -856,11 +882,14 @@ class Obfs4:
         # 6. Nothing may follow MAC_C.
         if len(buffer) != pos + MARK_LENGTH + MAC_LENGTH:
             raise ProtocolError("bytes after MAC_C")
-        # 7. X = ell2_direct(X'); ntor, server side.
+        # 7. X = ell2_direct(X'); our y, Y, Y' (only now: a prober costs no key work);
+        #    ntor, server side.
         x_u = elligator2_direct(bytes(buffer[:REPRESENTATIVE_LENGTH]))
+        self._make_keypair()
         identity = self.config.identity
         key_seed, auth = server_ntor(self._priv, self._u, x_u, identity.private_key,
                                      identity.public_key, identity.node_id)
+        self._priv = None                                                # y is needed no more
         okm = kdf(key_seed)
         self._encoder = FrameEncoder(okm[DIRECTION_KEY_LENGTH:])         # server -> client
         self._decoder = FrameDecoder(okm[:DIRECTION_KEY_LENGTH], self.config.randbelow)
@@ -900,6 +929,7 @@ class Obfs4:
         y_u = elligator2_direct(bytes(buffer[:REPRESENTATIVE_LENGTH]))
         key_seed, auth = client_ntor(self._priv, self._u, y_u, self.config.public_key,
                                      self.config.node_id)
+        self._priv = None                                                # x is needed no more
         if not hmac.compare_digest(auth, buffer[REPRESENTATIVE_LENGTH:REPRESENTATIVE_LENGTH + AUTH_LENGTH]):
             raise ProtocolError("bad AUTH: this is not the bridge of the cert")
         # 5. Keys; everything after MAC_S is the server's frame stream.

@@ -369,16 +369,48 @@ def test_client_keeps_the_E_it_sent():
     assert client.is_open
 
 
-def test_ephemeral_keys_are_made_in_the_constructor():
+def test_ephemeral_keys_are_made_in_start_and_in_the_accepting_receive():
+    """Key generation is the work the core serialises (start() and receive()), so the
+    constructor makes none; a server makes its keypair only for a handshake that
+    verified, so a prober costs it none."""
     drawn = []
     config = obfs4.Obfs4.client_config({"cert": CERT, "iat-mode": "0"})
-    config.keypairs = lambda: drawn.append(1) or CLIENT_KEYPAIR
-    obfs4.Obfs4(True, config)
-    assert drawn == [1]
+    config.keypairs = lambda: drawn.append("client") or CLIENT_KEYPAIR
+    config.pad_length, config.randbytes, config.clock = (lambda lo, hi: 100), filler, at_hour(E)
+    client = obfs4.Obfs4(True, config)
     server_config = obfs4.ServerConfig(identity())
-    server_config.keypairs = lambda: drawn.append(2) or SERVER_KEYPAIR
-    obfs4.Obfs4(False, server_config)
-    assert drawn == [1, 2]
+    server_config.keypairs = lambda: drawn.append("server") or SERVER_KEYPAIR
+    server_config.clock = at_hour(E)
+    server, prober = obfs4.Obfs4(False, server_config), obfs4.Obfs4(False, server_config)
+    assert drawn == []
+    hello = client.start()
+    assert drawn == ["client"] and hello[:32] == CLIENT_KEYPAIR[2]
+    assert prober.receive(hello[:100]) == b"" and drawn == ["client"]      # no mark yet
+    assert_fails(prober, os.urandom(8192))
+    assert drawn == ["client"]
+    assert server.receive(hello) == b"" and drawn == ["client", "server"]
+    assert server.data_to_send()[:32] == SERVER_KEYPAIR[2]
+
+
+def test_a_prepared_keypair_comes_before_the_configs_and_is_used_once():
+    key, make = obfs4.Obfs4.prepare(True, None)
+    assert key == "obfs4 keypairs" and obfs4.Obfs4.prepare(False, None)[0] == key
+    config = obfs4.Obfs4.client_config({"cert": CERT, "iat-mode": "0"})
+    config.keypairs = lambda: pytest.fail("the prepared keypair comes first")
+    pooled = make()
+    client = obfs4.Obfs4(True, config, prepared=pooled)
+    hello = client.start()
+    assert hello[:32] == pooled[2]                          # X' on the wire is the pooled one
+    server_config = obfs4.ServerConfig(identity())
+    pooled = make()
+    server = obfs4.Obfs4(False, server_config, prepared=pooled)
+    assert server.receive(hello) == b""
+    reply = server.data_to_send()
+    assert reply[:32] == pooled[2]                          # and Y'
+    assert client.receive(reply) == b""
+    assert server.receive(client.send(b"ping")) == b"ping"
+    assert client.receive(server.send(b"pong")) == b"pong"
+    assert server_config.keypairs is None                   # the listener's config is untouched
 
 
 def test_default_randomness_talks():
