@@ -319,8 +319,9 @@ class Obfs3Config:
     ``randbytes(n)``  padding bytes, and the raw UniformDH bytes when
                       ``keypairs`` is None (default ``os.urandom``)
     ``padlen()``      one padding length, 0..4097; called twice per connection
-    ``keypairs()``    -> (x, 192-byte public value), e.g. from a precomputed
-                      pool; None: ``generate_keypair(randbytes)`` in ``start()``
+    ``keypairs()``    -> (x, 192-byte public value), for tests; None:
+                      ``generate_keypair(randbytes)`` in ``start()``. A
+                      connection's ``prepared`` keypair (pool.py) comes first.
     """
 
     randbytes: Callable[[int], bytes] = os.urandom
@@ -335,7 +336,7 @@ class Obfs3:
 
     ``start() -> bytes``
         PUB | PAD1. Send it at once; do not wait for the peer. Generates our
-        keypair (one modexp), hence ``expensive``.
+        keypair (one modexp), hence ``expensive``, unless one was ``prepared``.
     ``receive(data) -> bytes``
         Feed the peer's bytes in any split, after ``start()``. Returns the plaintext:
         empty until the peer's magic has been found; bytes glued behind the
@@ -354,7 +355,11 @@ class Obfs3:
         and return True; return False, touching nothing, while our magic has
         not gone out yet (send) or the peer's has not been found (receive).
 
-    ``initiator`` is True for the side that opened the TCP connection.
+    ``initiator`` is True for the side that opened the TCP connection;
+    ``prepared`` is one keypair from ``prepare()``'s pool (made ahead, used once).
+    Key work happens only in ``start()`` (our keypair) and ``receive()`` (the
+    shared secret), the calls the core serialises; the constructor draws the two
+    padding lengths and nothing else.
     """
 
     name = "obfs3"
@@ -371,9 +376,16 @@ class Obfs3:
         """No options, no state files; SMETHOD announces an empty ARGS:."""
         return Obfs3Config(), {}
 
-    def __init__(self, initiator, config=None):
+    @classmethod
+    def prepare(cls, initiator, config):
+        """Both sides start from a UniformDH keypair, which depends on nothing: one
+        pool for every config and role."""
+        return "obfs3 keypairs", generate_keypair
+
+    def __init__(self, initiator, config=None, prepared=None):
         self.initiator = initiator
         self.config = Obfs3Config() if config is None else config
+        self._prepared = prepared
         self.padlen1 = self._draw_padlen()
         self.padlen2 = self._draw_padlen()
         self.public = None            # our 192-byte public value, made by start()
@@ -402,7 +414,9 @@ class Obfs3:
         """PUB | PAD1: our UniformDH public value, then PADLEN1 random bytes."""
         if self.public is not None:
             raise RuntimeError("obfs3: start() called twice")
-        if self.config.keypairs is None:
+        if self._prepared is not None:
+            (self._x, self.public), self._prepared = self._prepared, None
+        elif self.config.keypairs is None:
             self._x, self.public = generate_keypair(self.config.randbytes)
         else:
             self._x, self.public = self.config.keypairs()

@@ -602,6 +602,30 @@ def test_transport_attributes_and_configs():
     assert isinstance(config, obfs3.Obfs3Config) and announce == {}
 
 
+def test_a_prepared_keypair_comes_first_and_talks():
+    key, make = obfs3.Obfs3.prepare(True, obfs3.Obfs3Config())
+    assert key == "obfs3 keypairs" and obfs3.Obfs3.prepare(False, None)[0] == key
+    config = obfs3.Obfs3Config(keypairs=lambda: pytest.fail("the prepared keypair comes first"))
+    pooled = make()
+    side = obfs3.Obfs3(True, config, prepared=pooled)
+    flight = side.start()
+    assert flight[:192] == pooled[1] == side.public
+    peer = obfs3.Obfs3(False, prepared=make())
+    peer_flight = peer.start()
+    assert peer.receive(flight) == b"" and side.receive(peer_flight) == b""
+    assert peer.receive(side.send(b"up")) == b"up"
+    assert side.receive(peer.send(b"down")) == b"down"
+
+
+def test_the_constructor_does_no_key_work():
+    """The core serialises start() and receive() only: the keypair is made in start()."""
+    drawn = []
+    side = obfs3.Obfs3(True, obfs3.Obfs3Config(keypairs=lambda: drawn.append(1) or (X_PRIV, X_PUB)))
+    assert drawn == []
+    side.start()
+    assert drawn == [1]
+
+
 def test_default_config_draws_paddings_from_secrets_and_keys_from_randbytes(monkeypatch):
     asked = []
 
