@@ -228,7 +228,8 @@ class Obfs2:
         and return True. The same keystreams as ``send`` and ``receive``.
 
     ``initiator`` is True for the side that opened the TCP connection (our
-    client), False for the side that accepted it (our server).
+    client), False for the side that accepted it (our server). ``prepared``
+    is one item of ``prepare()``'s pool, made ahead for the same role and config.
 
     The answer-later rule: in shared-secret mode every key costs
     4 x HASH_ITERATIONS SHA-256 (``expensive``), paid before the peer can be
@@ -258,8 +259,26 @@ class Obfs2:
             announce["ss-hash-iterations"] = str(config.hash_iterations)
         return config, announce
 
-    def __init__(self, initiator, config=None, randbytes=secrets.token_bytes, padlen=None,
-                 **config_fields):
+    @classmethod
+    def prepare(cls, initiator, config):
+        """(key, make) for our first message made ahead: make() -> (SEED, PADLEN,
+        SEED | E(own PAD key, MAGIC | PADLEN | padding)), which depends on the role,
+        the secret and the round count (the pool's key). None for a shared-secret
+        responder: it answers only an initiator that checked out, so a bare connect
+        must not cost it 4 x HASH_ITERATIONS SHA-256, not even to refill a pool."""
+        config = config or Config()
+        if config.shared_secret and not initiator:
+            return None
+        key = ("obfs2 first messages", initiator, config.shared_secret, config.hash_iterations)
+        return key, lambda: cls._first_message(initiator, config)
+
+    @classmethod
+    def _first_message(cls, initiator, config):
+        side = cls(initiator, config)
+        return side.seed, side.padlen, side.handshake()
+
+    def __init__(self, initiator, config=None, prepared=None, randbytes=secrets.token_bytes,
+                 padlen=None, **config_fields):
         config = config or Config(**config_fields)
         self.initiator = initiator
         shared_secret = config.shared_secret
@@ -274,7 +293,12 @@ class Obfs2:
         self._answer_later = self.expensive and not initiator
         self._owed = b""
         self._randbytes = randbytes
-        self.seed = randbytes(SEED_LENGTH)
+        self._prepared_message = None
+        if prepared is not None:        # made ahead by prepare() for this role and config
+            padlen = prepared[1]
+            self.seed, self._prepared_message = prepared[0], prepared[2]
+        else:
+            self.seed = randbytes(SEED_LENGTH)
         # PADLEN is uniform in 0..MAX_PADDING inclusive, from a CSPRNG.
         self.padlen = secrets.randbelow(MAX_PADDING + 1) if padlen is None else padlen
         if not 0 <= self.padlen <= MAX_PADDING:
@@ -300,7 +324,12 @@ class Obfs2:
         return owed
 
     def handshake(self):
-        """Our handshake message: SEED | E(own PAD, MAGIC | PADLEN | padding)."""
+        """Our handshake message: SEED | E(own PAD, MAGIC | PADLEN | padding), the
+        prepared one if there is one. The key work (one SHA-256, or 4 x HASH_ITERATIONS
+        with a secret) happens here, called by start() or receive(), never by the
+        constructor: the core serialises only those two."""
+        if self._prepared_message is not None:
+            return self._prepared_message
         stream = ctr(pad_key(self.seed, self.initiator, self.secret_hash, self.iterations))
         body = struct.pack(">II", MAGIC_VALUE, self.padlen) + self._randbytes(self.padlen)
         return self.seed + stream.encrypt(body)

@@ -529,6 +529,38 @@ def test_empty_shared_secret_means_no_secret():
     assert make_side(True, 2, shared_secret=b"").start() == make_side(True, 2).start()
 
 
+# --- The first message made ahead (pool.py) ------------------------------------------
+
+@pytest.mark.parametrize("secret", [None, b"s3cret"])
+@pytest.mark.parametrize("initiator", [True, False])
+def test_a_prepared_side_sends_the_prepared_message_and_talks(secret, initiator):
+    config = obfs2.Config(secret, hash_iterations=10)
+    recipe = obfs2.Obfs2.prepare(initiator, config)
+    if secret and not initiator:
+        assert recipe is None            # a secret responder answers only checked initiators
+        return
+    key, make = recipe
+    seed, padlen, message = prepared = make()
+    side = obfs2.Obfs2(initiator, config, prepared=prepared,
+                       randbytes=lambda n: pytest.fail("a prepared side draws no seed"))
+    assert side.seed == seed and side.padlen == padlen and side.start() == message
+    assert message[:16] == seed and len(message) == 24 + padlen
+    other = obfs2.Obfs2(not initiator, config)
+    connect(*((side, other) if initiator else (other, side)))
+    assert other.receive(side.send(b"ping")) == b"ping"
+    assert side.receive(other.send(b"pong")) == b"pong"
+
+
+def test_prepared_pools_are_per_role_secret_and_rounds():
+    keys = {obfs2.Obfs2.prepare(initiator, obfs2.Config(secret, rounds))[0]
+            for initiator in (True, False) for secret in (None, b"a", b"b") for rounds in (10, 11)
+            if obfs2.Obfs2.prepare(initiator, obfs2.Config(secret, rounds))}
+    assert keys == {("obfs2 first messages", True, secret, rounds) for secret in (None, b"a", b"b")
+                    for rounds in (10, 11)} | {("obfs2 first messages", False, None, rounds)
+                                               for rounds in (10, 11)}
+    assert obfs2.Obfs2.prepare(True, None)[0] == ("obfs2 first messages", True, None, obfs2.HASH_ITERATIONS)
+
+
 # --- API misuse ---------------------------------------------------------------------
 
 def test_send_before_open_raises():
