@@ -169,6 +169,7 @@ class Config:
     in Python obfsproxy (``if secret:``), so that a SOCKS argument
     ``shared-secret=`` still talks to a server without one.
     ``hash_iterations``: n in H^n, shared-secret mode only.
+    ``notes``: lines the core says once at NOTICE (none for obfs2).
     """
 
     def __init__(self, shared_secret=None, hash_iterations=HASH_ITERATIONS):
@@ -176,6 +177,7 @@ class Config:
             raise ValueError("hash_iterations must be in 1..%d" % MAX_HASH_ITERATIONS)
         self.shared_secret = shared_secret or None
         self.hash_iterations = hash_iterations
+        self.notes = ()             # lines the core says once at NOTICE
 
 
 # The options obfs2 takes (--transport-options, SOCKS arguments, Tor's
@@ -241,6 +243,18 @@ class Obfs2:
 
     name = "obfs2"
     ProtocolError = ProtocolError
+    expensive = False           # per connection: True with a shared secret (the hashing)
+    handshake_timeout = None    # the core's --handshake-timeout
+    secret_options = ("shared-secret",)     # never logged
+    uses_state_dir = False
+
+    # What to check when a handshake failed, by side and kind (failure_hint).
+    HINTS = {
+        (True, "protocol"): "(wrong protocol, or a different shared secret)",
+        (True, "timeout"): "(is it an obfs2 server?)",
+        (True, "closed"): "(wrong protocol, or a different shared secret)",
+        (False, "protocol"): "(wrong protocol, or a different shared secret)",
+    }
 
     @classmethod
     def client_config(cls, options):
@@ -314,6 +328,13 @@ class Obfs2:
     def is_open(self):
         return self.state == OPEN
 
+    def failure_hint(self, kind):
+        """What to check after a failed handshake ("protocol", "timeout" or "closed"),
+        as a parenthesised clause for the core to put after its own words, or "".
+        A responder with a shared secret closes on an initiator with another one:
+        the initiator sees "closed"."""
+        return self.HINTS.get((self.initiator, kind), "")
+
     def start(self):
         """SEED | E(own PAD, UINT32(MAGIC_VALUE) | UINT32(PADLEN) | padding),
         or b"" for a shared-secret responder (see the answer-later rule)."""
@@ -349,8 +370,7 @@ class Obfs2:
                                                  self.secret_hash, self.iterations)
             # 3. Wrong magic or too much padding: the peer is not obfs2.
             if magic != MAGIC_VALUE:
-                raise ProtocolError("invalid magic value 0x%08x (wrong protocol, "
-                                    "or a different shared secret)" % magic)
+                raise ProtocolError("invalid magic value 0x%08x" % magic)
             if padlen > MAX_PADDING:
                 raise ProtocolError("padding length %d exceeds %d" % (padlen, MAX_PADDING))
             self.peer_seed, self.peer_padlen = seed, padlen

@@ -100,8 +100,9 @@ State machines
 
 ``is_open`` turns True in SEARCH_MAGIC, as soon as the keys exist, not when the
 peer's magic is seen: obfs4proxy's server sends its magic only with its first
-data, and with Tor that comes only after ours. The 30 s deadline for the 192
-bytes belongs to the I/O layer (``HANDSHAKE_TIMEOUT``); there is none after.
+data, and with Tor that comes only after ours. The deadline for the 192 bytes
+is the core's --handshake-timeout (30 s by default, as obfs4proxy's;
+``handshake_timeout`` is None); there is none after.
 
 Where the spec text and the implementations differ (obfs4proxy 0.0.14 wins)
 ---------------------------------------------------------------------------
@@ -142,7 +143,7 @@ import os
 import secrets
 from collections import namedtuple
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from Crypto.Cipher import AES
 
@@ -168,7 +169,6 @@ KEYLEN = 16                  # AES-128
 CTRLEN = 16                  # the whole initial counter block
 MAGIC_LENGTH = 32            # a full HMAC-SHA256 output
 MAGIC_SEARCH_LIMIT = MAX_PADDING + MAGIC_LENGTH   # 8226 bytes after the public value
-HANDSHAKE_TIMEOUT = 30.0     # seconds for the public values (obfs4proxy); for the I/O layer
 
 INIT_DATA_LABEL = b"Initiator obfuscated data"
 RESP_DATA_LABEL = b"Responder obfuscated data"
@@ -327,6 +327,7 @@ class Obfs3Config:
     randbytes: Callable[[int], bytes] = os.urandom
     padlen: Callable[[], int] = random_padlen
     keypairs: Optional[Callable[[], tuple]] = None
+    notes: Tuple[str, ...] = ()            # lines the core says once at NOTICE
 
 
 class Obfs3:
@@ -365,6 +366,18 @@ class Obfs3:
     name = "obfs3"
     ProtocolError = ProtocolError
     expensive = True
+    handshake_timeout = None    # the core's --handshake-timeout, for the 192 bytes
+    secret_options = ()
+    uses_state_dir = False
+
+    # What to check when a handshake failed, by side and kind (failure_hint).
+    HINTS = {
+        (True, "protocol"): "(is it an obfs3 server?)",
+        (True, "timeout"): "(is it an obfs3 server? one sends its 192 bytes at once)",
+        (True, "closed"): "(is it an obfs3 server?)",
+        (False, "protocol"): "(a prober, or a client of another transport)",
+        (False, "timeout"): "(a prober, or a client of another transport)",
+    }
 
     @classmethod
     def client_config(cls, options):
@@ -410,6 +423,11 @@ class Obfs3:
     def is_open(self):
         return self._encrypt is not None
 
+    def failure_hint(self, kind):
+        """What to check after a failed handshake ("protocol", "timeout" or "closed"),
+        as a parenthesised clause for the core to put after its own words, or ""."""
+        return self.HINTS.get((self.initiator, kind), "")
+
     def start(self):
         """PUB | PAD1: our UniformDH public value, then PADLEN1 random bytes."""
         if self.public is not None:
@@ -454,8 +472,8 @@ class Obfs3:
                               "at most %d are allowed" % (pos, MAX_PADDING))
         if pos < 0:
             if len(self._buffer) >= MAGIC_SEARCH_LIMIT:
-                return self._fail("no peer magic in the %d bytes after its public value "
-                                  "(not obfs3, or a prober)" % len(self._buffer))
+                return self._fail("no peer magic in the %d bytes after its public value"
+                                  % len(self._buffer))
             self._scanned = len(self._buffer)
             return b""
 

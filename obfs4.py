@@ -179,8 +179,8 @@ SEED_PACKET_PAYLOAD_LENGTH = SEED_LENGTH
 DIRECTION_KEY_LENGTH = 32 + 16 + SEED_LENGTH  # 72: secretbox key | nonce prefix | DRBG seed
 OKM_LENGTH = 2 * DIRECTION_KEY_LENGTH         # 144
 
-CLIENT_HANDSHAKE_TIMEOUT = 60                 # seconds; enforced by the I/O layer
-SERVER_HANDSHAKE_TIMEOUT = 30
+SERVER_HANDSHAKE_TIMEOUT = 30                 # seconds: obfs4proxy's serverHandshakeTimeout (the
+                                              # server's handshake_timeout, the base of failure_linger)
 REPLAY_TTL = 3 * 3600                         # seconds a MAC_C is remembered
 REPLAY_MAX_ENTRIES = 102400
 
@@ -684,10 +684,13 @@ class _Config:
     ``randbelow(n)``         the decoder's pretend length after a bad length field
     ``keypairs()``           (priv, u, representative), or None for generate_keypair;
                              a connection's ``prepared`` item comes first
+
+    and ``notes``, lines for the core to say once at NOTICE (a tuple of str).
     """
 
     def __init__(self, iat_mode):
         self.iat_mode = iat_mode
+        self.notes = ()                    # lines the core says once at NOTICE
         self.clock = time.time
         self.randbytes = os.urandom
         self.pad_length = uniform_length
@@ -744,6 +747,22 @@ class Obfs4:
     expensive = True            # key generation and ntor: the core serialises the handshake
     paced = False               # per connection: True in iat-mode 1 and 2 (use send_paced)
     failure_linger = None       # per connection: the server's 30 s + close_delay
+    handshake_timeout = None    # per connection: the server's 30 s, whatever --handshake-timeout
+                                # says (probe timing must match obfs4proxy's); a client's is the core's
+    secret_options = ()         # cert= is public: it is in every bridge line
+    uses_state_dir = True       # the server's identity lives in obfs4_state.json
+
+    # What to check when a handshake failed, by side and kind (failure_hint).
+    HINTS = {
+        (True, "protocol"): "(is it an obfs4 server? the right cert?)",
+        (True, "timeout"): "(no answer: a wrong cert=, or not an obfs4 bridge at that address; "
+                           "an obfs4 bridge stays silent for a client without its cert)",
+        (True, "closed"): "(closed without an answer: a wrong cert=, or not an obfs4 bridge at that "
+                          "address; an obfs4 bridge closes on a client without its cert after 30 to 89 s)",
+        (False, "protocol"): "(a prober, or a client with a wrong cert)",
+        (False, "timeout"): "(a prober, or a client with a wrong cert)",
+        (False, "closed"): "(a prober, or a client with a wrong cert)",
+    }
 
     @classmethod
     def client_config(cls, options):
@@ -778,7 +797,7 @@ class Obfs4:
         self._encoder = self._decoder = None
         if initiator:
             self.state = NEW
-            self.failure_linger = None
+            self.failure_linger = self.handshake_timeout = None
             self._search_from = REPRESENTATIVE_LENGTH + AUTH_LENGTH + SERVER_MIN_PAD_LENGTH
             # Our own random tables until the server's seed packet arrives (built lazily:
             # with obfs4proxy or us as the server, the seed comes with the reply).
@@ -786,12 +805,20 @@ class Obfs4:
             self._len_dist = self._iat_dist = None
         else:
             self.state = WAIT_HANDSHAKE
+            self.handshake_timeout = SERVER_HANDSHAKE_TIMEOUT
             self.failure_linger = SERVER_HANDSHAKE_TIMEOUT + config.close_delay
             self._len_dist, self._iat_dist = config.len_dist, config.iat_dist
 
     @property
     def is_open(self):
         return self.state == OPEN
+
+    def failure_hint(self, kind):
+        """What to check after a failed handshake, in a user's words: a parenthesised
+        clause for the core to put after its own ("timed out", the error). ``kind`` is
+        "protocol", "timeout" or "closed". A wrong cert= shows on the client as a
+        timeout: the bridge answers nothing to a client that does not know its cert."""
+        return self.HINTS.get((self.initiator, kind), "")
 
     def _make_keypair(self):
         """x, X and X' (client) or y, Y and Y' (server): the pooled item, else the

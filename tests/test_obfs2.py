@@ -14,6 +14,7 @@ Layout of the peer's handshake message, as the reference builds it::
 
 import hashlib
 import random
+import re
 import struct
 
 import pytest
@@ -527,6 +528,29 @@ def test_empty_shared_secret_means_no_secret():
     assert make_side(True, 2, shared_secret="").start() == \
         ref_message(INIT_SEED, ref_mac(INIT_PAD, INIT_SEED), 2, filler(2, salt=1))
     assert make_side(True, 2, shared_secret=b"").start() == make_side(True, 2).start()
+
+
+# --- The contract's other members -------------------------------------------------
+
+def test_contract_members():
+    assert obfs2.Obfs2.secret_options == ("shared-secret",)        # never logged
+    assert obfs2.Obfs2.uses_state_dir is False and obfs2.Obfs2.handshake_timeout is None
+    assert obfs2.Obfs2.expensive is False
+    assert obfs2.Obfs2.client_config({}).notes == ()
+    assert obfs2.Obfs2.server_config({"shared-secret": "x"})[0].notes == ()
+
+
+def test_a_wrong_magic_is_the_error_and_the_hint_says_what_to_check():
+    initiator = make_side(True, 0, shared_secret="one", hash_iterations=5)
+    responder = make_side(False, 0, shared_secret="two", hash_iterations=5)
+    with pytest.raises(obfs2.ProtocolError) as error:
+        responder.receive(initiator.start())
+    assert re.fullmatch(r"invalid magic value 0x[0-9a-f]{8}", str(error.value))
+    hint = "(wrong protocol, or a different shared secret)"
+    assert responder.failure_hint("protocol") == initiator.failure_hint("protocol") == hint
+    assert initiator.failure_hint("closed") == hint      # a secret responder just closes
+    assert initiator.failure_hint("timeout") == "(is it an obfs2 server?)"
+    assert responder.failure_hint("timeout") == ""
 
 
 # --- The first message made ahead (pool.py) ------------------------------------------

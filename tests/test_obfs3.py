@@ -597,9 +597,20 @@ def test_transport_attributes_and_configs():
     assert obfs3.Obfs3.ProtocolError is obfs3.ProtocolError
     assert issubclass(obfs3.ProtocolError, Exception)
     assert obfs3.Obfs3.expensive is True
+    assert obfs3.Obfs3.handshake_timeout is None and obfs3.Obfs3.secret_options == ()
+    assert obfs3.Obfs3.uses_state_dir is False
+    assert not hasattr(obfs3, "HANDSHAKE_TIMEOUT")        # the core's deadline, not ours
     assert isinstance(obfs3.Obfs3.client_config({"shared-secret": "ignored"}), obfs3.Obfs3Config)
     config, announce = obfs3.Obfs3.server_config({}, None)
-    assert isinstance(config, obfs3.Obfs3Config) and announce == {}
+    assert isinstance(config, obfs3.Obfs3Config) and announce == {} and config.notes == ()
+
+
+def test_failure_hints():
+    client, server = make_side(True), make_side(False)
+    assert client.failure_hint("protocol") == "(is it an obfs3 server?)"
+    assert client.failure_hint("timeout").startswith("(is it an obfs3 server?")
+    assert "prober" in server.failure_hint("protocol")
+    assert server.failure_hint("closed") == "" and client.failure_hint("other") == ""
 
 
 def test_a_prepared_keypair_comes_first_and_talks():

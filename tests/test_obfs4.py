@@ -542,6 +542,30 @@ def test_failure_linger_is_30_s_plus_the_close_delay():
     assert make_client().failure_linger is None
 
 
+def test_contract_members_by_side():
+    client, server = make_client(), make_server()
+    assert obfs4.Obfs4.secret_options == () and obfs4.Obfs4.uses_state_dir is True
+    assert obfs4.Obfs4.handshake_timeout is None
+    # The server's deadline is obfs4proxy's 30 s whatever --handshake-timeout says: a
+    # prober must see the same timing as from obfs4proxy. The client's is the core's.
+    assert server.handshake_timeout == 30 and client.handshake_timeout is None
+    assert not hasattr(obfs4, "CLIENT_HANDSHAKE_TIMEOUT")          # never enforced: gone
+    assert client.config.notes == () and server.config.notes == ()
+
+
+def test_failure_hints_name_the_wrong_cert():
+    client, server = make_client(), make_server()
+    # A wrong cert= gets silence, so on the client it is a timeout, and the hint says so.
+    assert "wrong cert=" in client.failure_hint("timeout")
+    assert "stays silent" in client.failure_hint("timeout")
+    assert client.failure_hint("protocol") == "(is it an obfs4 server? the right cert?)"
+    assert "wrong cert=" in client.failure_hint("closed")
+    for kind in ("protocol", "timeout", "closed"):
+        assert server.failure_hint(kind) == "(a prober, or a client with a wrong cert)"
+        assert client.failure_hint(kind).startswith("(") and client.failure_hint(kind).endswith(")")
+    assert client.failure_hint("something else") == ""
+
+
 # --- Client: what it rejects -----------------------------------------------------------
 
 def reply_for(client, **server_kwargs):
