@@ -75,6 +75,7 @@ Errors in the spec text (the implementations that run on the network win)
 """
 
 import hashlib
+import re
 import secrets
 import struct
 
@@ -192,8 +193,11 @@ def _config(options):
         raise ValueError("unknown obfs2 argument(s): %s (obfs2 takes %s)"
                          % (", ".join(unknown), ", ".join(OPTIONS)))
     text = options.get("ss-hash-iterations", str(HASH_ITERATIONS))
-    if not text.isdigit():
-        raise ValueError("ss-hash-iterations must be a whole number, not %r" % text)
+    # ASCII digits only (str.isdigit() also takes "²", which int() refuses, and int()
+    # takes "١٠", Arabic-Indic ten), and few enough that int() is cheap and allowed.
+    if not (re.fullmatch(r"[0-9]{1,20}", text) and 1 <= int(text) <= MAX_HASH_ITERATIONS):
+        raise ValueError("ss-hash-iterations must be a whole number in 1..%d, not %r"
+                         % (MAX_HASH_ITERATIONS, text if len(text) <= 20 else text[:20] + "..."))
     secret = options.get("shared-secret")
     try:
         secret = secret.encode() if isinstance(secret, str) else secret

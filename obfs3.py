@@ -330,6 +330,12 @@ class Obfs3Config:
     notes: Tuple[str, ...] = ()            # lines the core says once at NOTICE
 
 
+def _no_arguments(options):
+    if options:
+        raise ValueError("obfs3 takes no arguments (got %s)" % ", ".join(sorted(options)))
+    return Obfs3Config()
+
+
 class Obfs3:
     """One side of one obfs3 connection, with no I/O (the transport contract).
 
@@ -381,13 +387,15 @@ class Obfs3:
 
     @classmethod
     def client_config(cls, options):
-        """obfs3 has no parameters; SOCKS arguments are ignored, as obfs4proxy does."""
-        return Obfs3Config()
+        """obfs3 has no parameters. Arguments are refused, not ignored as obfs4proxy
+        does: a bridge line with obfs4's cert= and iat-mode= on an obfs3 bridge is a
+        mistake, and ignoring it left the user waiting for a timeout."""
+        return _no_arguments(options)
 
     @classmethod
     def server_config(cls, options, state_dir):
         """No options, no state files; SMETHOD announces an empty ARGS:."""
-        return Obfs3Config(), {}
+        return _no_arguments(options), {}
 
     @classmethod
     def prepare(cls, initiator, config):

@@ -439,21 +439,39 @@ def load_or_create_state(state_dir, options, randbytes=os.urandom):
     return identity
 
 
+# The arguments each side takes. A client's node-id + public-key is the legacy form of cert.
+CLIENT_OPTIONS = ("cert", "iat-mode", "node-id", "public-key")
+SERVER_OPTIONS = ("node-id", "private-key", "drbg-seed", "iat-mode")
+
+
+def refuse_unknown(options, accepted, side):
+    """ValueError naming the arguments not in ``accepted``, and the accepted ones.
+    obfs4proxy ignores them; we refuse them, so that a typo (iat_mode=1) or another
+    transport's argument is seen at once instead of as a silent bridge."""
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError("unknown obfs4 argument(s): %s (an obfs4 %s takes %s)"
+                         % (", ".join(unknown), side, ", ".join(accepted)))
+
+
 def parse_client_args(options):
     """(NODEID, B, iat-mode) from the bridge line's arguments, as obfs4proxy's client:
     ``cert`` (or, without it, the legacy ``node-id`` + ``public-key`` in hex), and
-    ``iat-mode`` 0..2, mandatory. Unknown keys are ignored. ValueError otherwise."""
+    ``iat-mode`` 0..2, mandatory. ValueError otherwise, in the words of a bridge line
+    (unknown arguments too, unlike obfs4proxy)."""
+    refuse_unknown(options, CLIENT_OPTIONS, "client")
     if "cert" in options:
         node_id, public_key = parse_cert(options["cert"])
+    elif "node-id" not in options and "public-key" not in options:
+        raise ValueError("no cert= given (the bridge line's cert=...; for SOCKS, pass it as the username)")
     else:
-        if "node-id" not in options:
-            raise ValueError("missing argument 'node-id'")
+        for given, missing in (("node-id", "public-key"), ("public-key", "node-id")):
+            if missing not in options:
+                raise ValueError("%s= without %s= (or give the bridge line's cert=...)" % (given, missing))
         node_id = _from_hex(options["node-id"], NODE_ID_LENGTH, "node-id")
-        if "public-key" not in options:
-            raise ValueError("missing argument 'public-key'")
         public_key = _from_hex(options["public-key"], KEY_LENGTH, "public-key")
     if "iat-mode" not in options:
-        raise ValueError("missing argument 'iat-mode'")
+        raise ValueError("no iat-mode= given (add iat-mode=0, as in the bridge line)")
     return node_id, public_key, parse_iat_mode(options["iat-mode"])
 
 
@@ -772,6 +790,7 @@ class Obfs4:
     def server_config(cls, options, state_dir, randbytes=os.urandom):
         """(ServerConfig, SMETHOD ARGS {"cert": ..., "iat-mode": "N"}); ``randbytes`` makes
         a fresh identity when the state directory has none."""
+        refuse_unknown(options, SERVER_OPTIONS, "server")
         if state_dir is None:
             raise ValueError("obfs4 needs a state directory (--state-dir)")
         identity = load_or_create_state(state_dir, options, randbytes)

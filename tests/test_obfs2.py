@@ -553,6 +553,37 @@ def test_a_wrong_magic_is_the_error_and_the_hint_says_what_to_check():
     assert responder.failure_hint("timeout") == ""
 
 
+# --- Options ----------------------------------------------------------------------
+
+def test_options_make_the_config_and_the_announce():
+    config, announce = obfs2.Obfs2.server_config({"shared-secret": "pw", "ss-hash-iterations": "0010"})
+    assert (config.shared_secret, config.hash_iterations) == (b"pw", 10)
+    assert announce == {"shared-secret": "pw", "ss-hash-iterations": "10"}
+    assert obfs2.Obfs2.client_config({}).hash_iterations == obfs2.HASH_ITERATIONS
+
+
+def test_unknown_options_are_refused_naming_them_and_the_accepted_ones():
+    with pytest.raises(ValueError) as error:
+        obfs2.Obfs2.client_config({"cert": "x", "iat-mode": "0"})
+    assert str(error.value) == ("unknown obfs2 argument(s): cert, iat-mode "
+                                "(obfs2 takes shared-secret, ss-hash-iterations)")
+
+
+@pytest.mark.parametrize("text", ["\u00b2", "\u2082", "\u2460", "\u0661\u0660", "1" * 5000, "0", "10000001",
+                                  "-1", "+5", " 5", "5 ", "", "1e3", "0x10"],
+                         ids=["superscript 2", "subscript 2", "circled 1", "Arabic-Indic 10",
+                              "5000 digits", "0", "over the bound", "-1", "+5", "leading space",
+                              "trailing space", "empty", "1e3", "hex"])
+def test_ss_hash_iterations_takes_ascii_digits_within_the_bound(text):
+    """str.isdigit() took the first three and int() refused them ("invalid literal for
+    int()", naming no option); int() took Arabic-Indic digits as 10; over 4300 digits
+    int() refuses too. Every one is a ValueError naming the option and its range."""
+    with pytest.raises(ValueError) as error:
+        obfs2.Obfs2.client_config({"ss-hash-iterations": text})
+    assert str(error.value).startswith("ss-hash-iterations must be a whole number in 1..10000000, not ")
+    assert len(str(error.value)) < 120
+
+
 # --- The first message made ahead (pool.py) ------------------------------------------
 
 @pytest.mark.parametrize("secret", [None, b"s3cret"])

@@ -600,9 +600,20 @@ def test_transport_attributes_and_configs():
     assert obfs3.Obfs3.handshake_timeout is None and obfs3.Obfs3.secret_options == ()
     assert obfs3.Obfs3.uses_state_dir is False
     assert not hasattr(obfs3, "HANDSHAKE_TIMEOUT")        # the core's deadline, not ours
-    assert isinstance(obfs3.Obfs3.client_config({"shared-secret": "ignored"}), obfs3.Obfs3Config)
+    assert isinstance(obfs3.Obfs3.client_config({}), obfs3.Obfs3Config)
     config, announce = obfs3.Obfs3.server_config({}, None)
     assert isinstance(config, obfs3.Obfs3Config) and announce == {} and config.notes == ()
+
+
+@pytest.mark.parametrize("make", [obfs3.Obfs3.client_config,
+                                  lambda options: obfs3.Obfs3.server_config(options, None)],
+                         ids=["client", "server"])
+def test_arguments_are_refused_not_ignored(make):
+    """obfs4proxy ignores them; a user who put obfs4's cert= and iat-mode= on an obfs3
+    bridge line then waited 30 s for a timeout. Now it is said at once."""
+    with pytest.raises(ValueError) as error:
+        make({"iat-mode": "0", "cert": "AAAA"})
+    assert str(error.value) == "obfs3 takes no arguments (got cert, iat-mode)"
 
 
 def test_failure_hints():

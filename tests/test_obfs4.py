@@ -906,7 +906,7 @@ def mode(path):
 
 def test_identity_from_options_writes_obfs4proxys_exact_files(tmp_path):
     v = STATE["identity_from_options"]
-    options = {"node-id": "11" * 20, "private-key": "21" * 32, "drbg-seed": "07" * 24, "unknown": "x"}
+    options = {"node-id": "11" * 20, "private-key": "21" * 32, "drbg-seed": "07" * 24}
     state_dir = tmp_path / "a" / "b" / "state"
     config, args = obfs4.Obfs4.server_config(options, state_dir)
     assert "cert=%s,iat-mode=%s" % (args["cert"], args["iat-mode"]) == v["smethod_args"]
@@ -984,8 +984,12 @@ def parse_pt_options(text):
 @pytest.mark.parametrize("case", STATE["option_errors"], ids=lambda c: c["options"])
 def test_option_errors_as_obfs4proxy_reports_them(tmp_path, case):
     options = parse_pt_options(case["options"].replace("<40 hex>", "ab" * 20))
-    if isinstance(case["stdout"], str):                  # unknown keys: a normal start
-        assert obfs4.Obfs4.server_config(options, tmp_path)[1]["iat-mode"] == "0"
+    if isinstance(case["stdout"], str):
+        # obfs4proxy ignores unknown keys (a normal start); we refuse them, naming them.
+        with pytest.raises(ValueError, match=r"^unknown obfs4 argument\(s\): foo \(an obfs4 server takes "
+                                             r"node-id, private-key, drbg-seed, iat-mode\)$"):
+            obfs4.Obfs4.server_config(options, tmp_path)
+        assert list(tmp_path.iterdir()) == []               # refused before any file is touched
         return
     message = case["stdout"][1][len("SMETHOD-ERROR obfs4 "):]
     with pytest.raises(ValueError) as error:
@@ -1034,9 +1038,9 @@ def test_client_socks_args_vectors():
     assert obfs4.parse_client_args({"cert": CERT, "iat-mode": "0"}) == (NODE_ID, B, 0)
     assert cases["node-id=<40 hex>;public-key=<64 hex>;iat-mode=0"].startswith("success")
     assert obfs4.parse_client_args({"node-id": NODE_ID.hex(), "public-key": B.hex().upper(),
-                                    "iat-mode": "2", "extra": "ignored"}) == (NODE_ID, B, 2)
+                                    "iat-mode": "2"}) == (NODE_ID, B, 2)
     assert "05 01" in cases["cert=<70 chars>"]
-    with pytest.raises(ValueError, match="missing argument 'iat-mode'"):
+    with pytest.raises(ValueError, match=r"^no iat-mode= given \(add iat-mode=0, as in the bridge line\)$"):
         obfs4.Obfs4.client_config({"cert": CERT})
     assert "05 01" in cases["cert=AAAA;iat-mode=0"]
     with pytest.raises(ValueError):
@@ -1056,6 +1060,35 @@ def test_client_socks_args_vectors():
 def test_bad_client_args_are_value_errors(options):
     with pytest.raises(ValueError):
         obfs4.Obfs4.client_config(options)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"iat-mode": "0"},
+     "no cert= given (the bridge line's cert=...; for SOCKS, pass it as the username)"),
+    ({}, "no cert= given (the bridge line's cert=...; for SOCKS, pass it as the username)"),
+    ({"cert": CERT}, "no iat-mode= given (add iat-mode=0, as in the bridge line)"),
+    ({"node-id": NODE_ID.hex(), "iat-mode": "0"},
+     "node-id= without public-key= (or give the bridge line's cert=...)"),
+    ({"public-key": B.hex(), "iat-mode": "0"},
+     "public-key= without node-id= (or give the bridge line's cert=...)"),
+    ({"cert": CERT, "iat-mode": "0", "iat_mode": "1", "extra": "x"},
+     "unknown obfs4 argument(s): extra, iat_mode (an obfs4 client takes cert, iat-mode, node-id, "
+     "public-key)"),
+    ({"cert": CERT, "iat-mode": "0", "shared-secret": "x"},
+     "unknown obfs4 argument(s): shared-secret (an obfs4 client takes cert, iat-mode, node-id, "
+     "public-key)"),
+], ids=["no cert", "nothing", "no iat-mode", "node-id alone", "public-key alone", "typo", "obfs2's"])
+def test_client_arg_errors_say_what_the_user_wrote(options, message):
+    """Never "missing argument 'node-id'", a name no user wrote: a bridge line has cert=."""
+    with pytest.raises(ValueError) as error:
+        obfs4.Obfs4.client_config(options)
+    assert str(error.value) == message
+
+
+def test_unknown_server_args_are_refused_before_the_state_is_touched(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown obfs4 argument\(s\): cert, iat_mode \(an obfs4 server"):
+        obfs4.Obfs4.server_config({"iat_mode": "1", "cert": "x"}, tmp_path / "state")
+    assert not (tmp_path / "state").exists()
 
 
 # --- The replay filter -----------------------------------------------------------------
