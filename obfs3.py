@@ -469,19 +469,18 @@ class Obfs3:
             self._make_keys(shared_secret(self._x, self.peer_public))
             self.state = SEARCH_MAGIC
 
-        # 2. Search the peer's magic in everything after its public value. A
-        #    magic straddling two reads starts at most 31 bytes before the old end.
+        # 2. Search the peer's magic where it may lie: starting at pos <= 8194 (two
+        #    paddings of at most 4097), so within the 8226 bytes after the public
+        #    value. A magic straddling two reads starts at most 31 bytes before the old end.
         start = max(0, self._scanned - (MAGIC_LENGTH - 1))
-        pos = self._buffer.find(self._peer_magic, start)
-        # 3. Accept only pos <= 8194 (two paddings of at most 4097); give up
-        #    once 8226 bytes are buffered without the magic.
-        if pos > MAX_PADDING:
-            return self._fail("the peer's magic starts %d bytes after its public value; "
-                              "at most %d are allowed" % (pos, MAX_PADDING))
+        pos = self._buffer.find(self._peer_magic, start, MAGIC_SEARCH_LIMIT)
+        # 3. Not there: wait, or give up once all 8226 bytes are in. One outcome and one
+        #    reason whatever the split (a magic at 8195 or later is the same failure as none).
         if pos < 0:
             if len(self._buffer) >= MAGIC_SEARCH_LIMIT:
-                return self._fail("no peer magic in the %d bytes after its public value"
-                                  % len(self._buffer))
+                return self._fail("no peer magic within the %d bytes after its public value "
+                                  "(its paddings may total %d bytes at most)"
+                                  % (MAGIC_SEARCH_LIMIT, MAX_PADDING))
             self._scanned = len(self._buffer)
             return b""
 
