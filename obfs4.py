@@ -348,11 +348,14 @@ def state_json(state):
 
 def _read_state(path):
     """The fields of an existing obfs4_state.json. Like Go's json.Unmarshal into a struct:
-    names match case-insensitively, unknown fields are dropped, wrong types are errors."""
+    names match case-insensitively, unknown fields are dropped, null is the zero value,
+    wrong types are errors. ValueError naming the file; OSError if it cannot be read."""
     try:
         loaded = json.loads(path.read_bytes().decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise ValueError("failed to load statefile '%s': %s" % (path, error))
+    except RecursionError:               # [[[[... deeper than Python's stack (Go allows 10,000)
+        raise ValueError("failed to load statefile '%s': nested too deeply" % path)
     if not isinstance(loaded, dict):
         raise ValueError("failed to load statefile '%s': not a JSON object" % path)
     state = {"node-id": "", "private-key": "", "public-key": "", "drbg-seed": "", "iat-mode": 0}
@@ -366,6 +369,38 @@ def _read_state(path):
                              % (path, key, "string" if types[name] is str else "integer"))
         state[name] = value
     return state
+
+
+def _state_identity(state):
+    """The Identity of a state's fields (from the file, or from the options); ValueError
+    on a bad iat-mode or hex that is not exactly 20, 32 and 24 bytes (no spaces)."""
+    if not IAT_NONE <= state["iat-mode"] <= IAT_PARANOID:
+        raise ValueError("invalid iat-mode '%d'" % state["iat-mode"])
+    return Identity(_from_hex(state["node-id"], NODE_ID_LENGTH, "node-id"),
+                    _from_hex(state["private-key"], KEY_LENGTH, "private-key"),
+                    _from_hex(state["drbg-seed"], SEED_LENGTH, "drbg-seed"),
+                    state["iat-mode"])
+
+
+def read_identity(state_dir):
+    """The bridge identity in STATE_DIR/obfs4_state.json, read exactly as the server reads
+    it at start-up, and never created or written: the one loader for the server
+    (``load_or_create_state``) and for tools that only look (unmask's --state-dir).
+
+    What is read: a JSON object whose names match case-insensitively ("NODE-ID"), unknown
+    names ignored, null or absent meaning "" or 0; node-id, private-key and drbg-seed in
+    hex of exactly 20, 32 and 24 bytes, either case, nothing around it; iat-mode 0..2.
+    "public-key" is never trusted: B is recomputed from private-key.
+
+    OSError if the file cannot be read (FileNotFoundError when there is none); ValueError,
+    naming the file, when it is not a valid state.
+    """
+    path = Path(state_dir) / STATE_FILE
+    state = _read_state(path)
+    try:
+        return _state_identity(state)
+    except ValueError as error:
+        raise ValueError("failed to load statefile '%s': %s" % (path, error))
 
 
 def _write_file(path, data):
@@ -392,20 +427,29 @@ def load_or_create_state(state_dir, options, randbytes=os.urandom):
     """The server's Identity, exactly as obfs4proxy 0.0.14 gets it (§5):
 
     1. node-id, private-key, drbg-seed in ``options``: all three or none
-       ("missing argument 'private-key'"); given -> the file gets "public-key":"".
-       None -> load obfs4_state.json, or create a fresh identity and write it.
+       ("missing argument 'private-key'"); given -> the file gets "public-key":"", and
+       whatever identity it held is replaced (even an unreadable file), as obfs4proxy does.
+       None -> load obfs4_state.json (``read_identity``'s rules), or create a fresh
+       identity and write it.
     2. iat-mode in ``options`` overrides ("malformed iat-mode 'x'", "invalid iat-mode '3'").
     3. Write obfs4_bridgeline.txt, then write the state back (public-key verbatim: it is
        ignored on load and recomputed from private-key).
 
     Files are created 0600, directories 0700. ValueError on anything bad.
     """
+    return _load_or_create_state(state_dir, options, randbytes)[0]
+
+
+def _load_or_create_state(state_dir, options, randbytes):
+    """(Identity, notes): ``load_or_create_state``, and a line to say when identity
+    options replaced a different (or unreadable) identity in an existing state file."""
     state_dir = Path(state_dir)
+    notes = ()
     try:
         _make_state_dir(state_dir)
+        path = state_dir / STATE_FILE
         given = [name for name in ("node-id", "private-key", "drbg-seed") if name in options]
         if not given:
-            path = state_dir / STATE_FILE
             if path.exists():
                 state = _read_state(path)
             else:
@@ -425,18 +469,26 @@ def load_or_create_state(state_dir, options, randbytes=os.urandom):
                      "public-key": "", "drbg-seed": options["drbg-seed"], "iat-mode": IAT_NONE}
         if "iat-mode" in options:
             state["iat-mode"] = parse_iat_mode(options["iat-mode"])
-        if not IAT_NONE <= state["iat-mode"] <= IAT_PARANOID:
-            raise ValueError("invalid iat-mode '%d'" % state["iat-mode"])
-        identity = Identity(_from_hex(state["node-id"], NODE_ID_LENGTH, "node-id"),
-                            _from_hex(state["private-key"], KEY_LENGTH, "private-key"),
-                            _from_hex(state["drbg-seed"], SEED_LENGTH, "drbg-seed"),
-                            state["iat-mode"])
+        identity = _state_identity(state)
+        if given and os.path.lexists(str(path)) and not _holds(path, identity):
+            notes = ("node-id, private-key and drbg-seed replaced the identity in %s" % path,)
         _write_file(state_dir / BRIDGE_FILE,
                     (BRIDGE_LINE_TEMPLATE % (identity.cert, identity.iat_mode)).encode("ascii"))
-        _write_file(state_dir / STATE_FILE, state_json(state))
+        _write_file(path, state_json(state))
     except OSError as error:
         raise ValueError("obfs4 state directory %s: %s" % (state_dir, error.strerror or error))
-    return identity
+    return identity, notes
+
+
+def _holds(path, identity):
+    """True if the state file at ``path`` reads as this very identity (keys, seed and
+    iat-mode); False if it differs or cannot be read."""
+    try:
+        held = read_identity(path.parent)
+    except (OSError, ValueError):
+        return False
+    return (held.node_id, held.private_key, held.drbg_seed, held.iat_mode) == \
+        (identity.node_id, identity.private_key, identity.drbg_seed, identity.iat_mode)
 
 
 # The arguments each side takes. A client's node-id + public-key is the legacy form of cert.
@@ -793,8 +845,10 @@ class Obfs4:
         refuse_unknown(options, SERVER_OPTIONS, "server")
         if state_dir is None:
             raise ValueError("obfs4 needs a state directory (--state-dir)")
-        identity = load_or_create_state(state_dir, options, randbytes)
-        return ServerConfig(identity), {"cert": identity.cert, "iat-mode": str(identity.iat_mode)}
+        identity, notes = _load_or_create_state(state_dir, options, randbytes)
+        config = ServerConfig(identity)
+        config.notes = notes
+        return config, {"cert": identity.cert, "iat-mode": str(identity.iat_mode)}
 
     @classmethod
     def prepare(cls, initiator, config):

@@ -976,6 +976,104 @@ def test_fresh_state_from_the_csprng_and_reuse_keeps_the_cert(tmp_path):
     assert (tmp_path / "s" / "obfs4_bridgeline.txt").read_text().endswith(" iat-mode=2\n")
 
 
+@pytest.mark.parametrize("content", [b"[" * 2000, b"#(\x13" + b"[" * 2000, b'{"node-id":' + b"[" * 100000],
+                         ids=["2000 levels", "the fuzzer's input", "100000 levels in an object"])
+def test_a_deeply_nested_state_file_is_a_value_error(tmp_path, content):
+    """It raised RecursionError: the server died with a traceback, managed mode said
+    nothing (no SMETHOD-ERROR) and unmask crashed. The file is left as it was."""
+    (tmp_path / "obfs4_state.json").write_bytes(content)
+    with pytest.raises(ValueError, match="failed to load statefile"):
+        obfs4.Obfs4.server_config({}, tmp_path)
+    with pytest.raises(ValueError, match="failed to load statefile"):
+        obfs4.read_identity(tmp_path)
+    assert (tmp_path / "obfs4_state.json").read_bytes() == content
+    assert not (tmp_path / "obfs4_bridgeline.txt").exists()
+
+
+GOOD_STATE = '{"node-id":"%s","private-key":"%s","public-key":"","drbg-seed":"%s","iat-mode":%%s}' % (
+    "11" * 20, "21" * 32, "07" * 24)
+
+
+@pytest.mark.parametrize("content, iat_mode", [
+    (GOOD_STATE % 0, 0),
+    (GOOD_STATE % 2, 2),
+    (GOOD_STATE % "null", 0),                                    # null is Go's zero value
+    (GOOD_STATE.replace(',"iat-mode":%s', ""), 0),               # absent too
+    (GOOD_STATE.replace('"node-id"', '"NODE-ID"').replace('"drbg-seed"', '"Drbg-Seed"') % 1, 1),
+    (GOOD_STATE.replace("11" * 20, "AB" * 20) % 0, 0),           # hex in either case
+    (GOOD_STATE.replace('"public-key":""', '"public-key":"junk","extra":[1]') % 0, 0),
+], ids=["iat 0", "iat 2", "iat null", "iat absent", "names in any case", "upper-case hex",
+        "public-key and unknown names ignored"])
+def test_read_identity_reads_what_the_server_reads_and_writes_nothing(tmp_path, content, iat_mode):
+    path = tmp_path / "obfs4_state.json"
+    path.write_text(content)
+    os.utime(str(path), (1000000000, 1000000000))
+    identity = obfs4.read_identity(tmp_path)
+    assert identity.iat_mode == iat_mode
+    assert identity.private_key == hx("21" * 32) and identity.drbg_seed == hx("07" * 24)
+    assert path.read_text() == content and os.stat(str(path)).st_mtime == 1000000000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["obfs4_state.json"]
+    assert obfs4.Obfs4.server_config({}, tmp_path)[0].identity.cert == identity.cert   # the same
+
+
+@pytest.mark.parametrize("content", [
+    GOOD_STATE.replace("11" * 20, " " + "11" * 20) % 0,           # bytes.fromhex took spaces
+    GOOD_STATE.replace("11" * 20, "11" * 19) % 0,
+    GOOD_STATE.replace("21" * 32, "2g" * 32) % 0,
+    GOOD_STATE % 3,
+    GOOD_STATE % '"1"',
+    GOOD_STATE % "true",
+    GOOD_STATE % "1.0",
+    GOOD_STATE.replace('"drbg-seed":"%s",' % ("07" * 24), "") % 0,
+    "[]", '"text"', "", "\ufeff" + GOOD_STATE % 0,
+], ids=["hex with a space", "short node-id", "not hex", "iat 3", "iat a string", "iat true",
+        "iat 1.0", "no drbg-seed", "an array", "a string", "empty", "a BOM"])
+def test_read_identity_refuses_what_the_server_refuses(tmp_path, content):
+    (tmp_path / "obfs4_state.json").write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"failed to load statefile '.*obfs4_state\.json'"):
+        obfs4.read_identity(tmp_path)
+    with pytest.raises(ValueError):
+        obfs4.Obfs4.server_config({}, tmp_path)
+
+
+def test_read_identity_of_a_missing_or_unreadable_file_is_an_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        obfs4.read_identity(tmp_path / "nowhere")
+    assert not (tmp_path / "nowhere").exists()                   # nothing created
+    (tmp_path / "obfs4_state.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="failed to load statefile"):
+        obfs4.read_identity(tmp_path)                             # not UTF-8: not a state
+
+
+IDENTITY_OPTIONS = {"node-id": "11" * 20, "private-key": "21" * 32, "drbg-seed": "07" * 24}
+
+
+@pytest.mark.parametrize("before, options, replaced", [
+    (None, IDENTITY_OPTIONS, False),                              # nothing to replace
+    ("other", IDENTITY_OPTIONS, True),                            # another identity
+    ("not json", IDENTITY_OPTIONS, True),                         # an unreadable file
+    ("same", IDENTITY_OPTIONS, False),                            # the one a last run wrote
+    ("same", dict(IDENTITY_OPTIONS, **{"iat-mode": "1"}), True),  # same keys, other iat-mode
+    ("other", {}, False),                                         # no identity options: loaded
+], ids=["no file", "another identity", "unreadable", "the same", "another iat-mode", "no options"])
+def test_identity_options_that_replace_a_state_file_say_so(tmp_path, before, options, replaced):
+    """As obfs4proxy, explicit node-id, private-key and drbg-seed replace the state file,
+    even an unreadable one; unlike it, the config's notes say so (the core logs them)."""
+    path = tmp_path / "obfs4_state.json"
+    if before == "other":
+        path.write_text(GOOD_STATE.replace("11" * 20, "55" * 20) % 0)
+    elif before == "same":
+        obfs4.Obfs4.server_config(IDENTITY_OPTIONS, tmp_path)
+    elif before is not None:
+        path.write_text(before)
+    config, _ = obfs4.Obfs4.server_config(options, tmp_path)
+    if replaced:
+        assert config.notes == ("node-id, private-key and drbg-seed replaced the identity in %s" % path,)
+    else:
+        assert config.notes == ()
+    assert obfs4.read_identity(tmp_path).cert == config.identity.cert    # what is on disk now
+
+
 def parse_pt_options(text):
     """'obfs4:k=v;obfs4:k=v' -> {k: v} (the vector's TOR_PT_SERVER_TRANSPORT_OPTIONS)."""
     return dict(item.split(":", 1)[1].split("=", 1) for item in text.split(";"))
