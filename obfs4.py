@@ -111,6 +111,8 @@ The document (doc/obfs4-spec.txt) vs the 0.0.14 code, which is what is on the wi
 12. Padding tables are built with Go's math/rand over the hash DRBG (§6.3).
 13. obfs4proxy's client decodes the seed frame only after its next read; ours at once.
 14. iat-mode 2 with a sampled write size 0 makes obfs4proxy panic; we resample.
+15. iat-mode 2 with a table of looping lengths (e.g. [7]) makes obfs4proxy stream padding
+    forever on one write; we bound the work per write (``Obfs4.send_paced``).
 """
 
 import base64
@@ -187,6 +189,10 @@ REPLAY_MAX_ENTRIES = 102400
 IAT_NONE, IAT_ENABLED, IAT_PARANOID = 0, 1, 2
 MAX_IAT_DELAY = 100                           # iatDist values 0..100 ...
 IAT_UNIT = 100e-6                             # ... in units of 100 µs: at most 10 ms
+PACED_QUIRK_LIMIT = 32                        # iat-mode 2: two-frame padBursts per write, then
+                                              # the bounded ending (Obfs4.send_paced)
+ZERO_DRAW_LIMIT = 64                          # iat-mode 2: lenDist draws of 0 in a row, then
+                                              # the table's largest value
 
 PROTOID = b"ntor-curve25519-sha256-1"
 T_MAC = PROTOID + b":mac"
@@ -742,6 +748,24 @@ def pad_burst(burst_length, target):
     return []
 
 
+def quirk_loops_forever(v):
+    """True if a table whose only length is v repeats padBurst's two-frame quirk forever
+    in iat-mode 2: after one, the pieces of v leave 1469 mod v bytes, which are again
+    1..21 bytes short of v (110 of the lengths 1..1448)."""
+    left = (MAXIMUM_SEGMENT_LENGTH + HEADER_LENGTH) % v
+    return left != 0 and v - left <= HEADER_LENGTH
+
+
+def paced_quirk_limit(dist):
+    """The two-frame quirks one iat-mode 2 write may take with this lenDist: none if its
+    only non-zero length loops forever (0 is drawn again, so {0, v} is v alone), else
+    PACED_QUIRK_LIMIT (see Obfs4.send_paced)."""
+    lengths = {value for value in dist.values if value}
+    if len(lengths) == 1 and quirk_loops_forever(next(iter(lengths))):
+        return 0
+    return PACED_QUIRK_LIMIT
+
+
 # --- Configuration (once per listener or per client connection) ----------------------
 
 class _Config:
@@ -1089,8 +1113,12 @@ class Obfs4:
                               for i in range(0, len(view), MAX_PACKET_PAYLOAD_LENGTH))]
 
     def _padding_packets(self, burst_length, target):
-        return [make_packet(PACKET_TYPE_PAYLOAD, b"", padding)
-                for padding in pad_burst(burst_length, target)]
+        return self._padding_packets_of(pad_burst(burst_length, target))
+
+    @staticmethod
+    def _padding_packets_of(paddings):
+        """Empty type-0 packets with these numbers of zero bytes (frames of n + 21 bytes)."""
+        return [make_packet(PACKET_TYPE_PAYLOAD, b"", padding) for padding in paddings]
 
     def send(self, plaintext):
         """One burst (§2.10): data frames, then padBurst to a lenDist target; sealed in one
@@ -1111,6 +1139,27 @@ class Obfs4:
         2: no burst padding; each piece is exactly a lenDist sample t: when fewer than t
            bytes are left, padBurst them to t; if that took two frames, sample again.
            A sample of 0 is drawn again (obfs4proxy panics there, erratum 14).
+
+        The bound on mode 2's work (stress-3 fuzz finding 1). With r bytes left and
+        1 <= t - r <= 21, padBurst's two-frame quirk adds 1448 + (t - r) + 21 bytes and
+        sampling starts again. In a table whose only length v has 1469 mod v in
+        v - 21 .. v - 1 (110 of the 1448 lengths, e.g. 2..21 but 13, 211, 735..745: about
+        one bridge in 1,400) every v-piece leaves 1469 mod v bytes and the quirk comes
+        back forever: the old loop never returned and grew without bound. obfs4proxy has
+        the same loop but writes each piece as it goes, so it streams padding forever
+        instead, and that connection never carries another byte of data.
+        We take at most PACED_QUIRK_LIMIT (32) quirks in one write, none in such a
+        one-length table; at the next one the bytes left and one padding frame (two past
+        1448 bytes) make the fewest whole pieces of the sample t in hand (``_paced_ending``).
+        Every piece is still a table length and the peer decodes the same data; a write
+        is at most its frames + 32 x 1490 + 1468 bytes.
+        Why the bound changes no write that ends today, in practice: until the 33rd quirk
+        the code, its draws and its bytes are the old ones; a one-length table that loops
+        never ends; and the chance of a 33rd quirk is negligible for every table that
+        ends. Computed exactly (a Markov chain over the bytes left, with each table's
+        alias weights) for 20,000 random bridge identities, the worst such table needs
+        more than 32 quirks in 1.3e-14 of its writes (more than 16 in 1.2e-7), the median
+        table in 2e-50; the worst ones mix the looping lengths (87% 245, 13% 295).
         """
         packets = self._data_packets(plaintext)
         if not packets:
@@ -1121,22 +1170,44 @@ class Obfs4:
             burst = self._encoder.encode_packets(packets)
             return [(burst[i:i + MAXIMUM_SEGMENT_LENGTH], self._iat_delay())
                     for i in range(0, len(burst), MAXIMUM_SEGMENT_LENGTH)]
-        buffer, pos, pieces = bytearray(self._encoder.encode_packets(packets)), 0, []
+        buffer, pos, pieces, quirks = bytearray(self._encoder.encode_packets(packets)), 0, [], 0
+        limit = paced_quirk_limit(self._length_dist())
         while pos < len(buffer):
             target = self._nonzero_length()
-            if len(buffer) - pos < target:
-                buffer += self._encoder.encode_packets(self._padding_packets(len(buffer) - pos, target))
-                if len(buffer) - pos != target:
+            left = len(buffer) - pos
+            if left < target:
+                padding = pad_burst(left, target)
+                if len(padding) == 2:                   # the quirk: 1448 + pad + 21 bytes
+                    if quirks == limit:
+                        return pieces + self._paced_ending(buffer, pos, target)
+                    quirks += 1
+                buffer += self._encoder.encode_packets(self._padding_packets_of(padding))
+                if len(padding) == 2:                   # now more than t bytes: sample again
                     continue
             pieces.append((bytes(buffer[pos:pos + target]), self._iat_delay()))
             pos += target
         return pieces
 
+    def _paced_ending(self, buffer, pos, target):
+        """The rest of an iat-mode 2 write once PACED_QUIRK_LIMIT quirks are spent: the
+        ``left`` bytes and padding frames (21..target + 20 bytes: one frame, or two when
+        over 1448) make the fewest whole pieces of ``target``, the sample in hand."""
+        left = len(buffer) - pos
+        copies = -(-(left + HEADER_LENGTH) // target)   # room for at least one frame
+        fill = copies * target - left                    # HEADER_LENGTH .. target + 20
+        frames = [fill] if fill <= MAXIMUM_SEGMENT_LENGTH else [fill - HEADER_LENGTH, HEADER_LENGTH]
+        buffer += self._encoder.encode_packets(self._padding_packets_of([n - HEADER_LENGTH for n in frames]))
+        return [(bytes(buffer[i:i + target]), self._iat_delay()) for i in range(pos, len(buffer), target)]
+
     def _nonzero_length(self):
+        """A lenDist sample other than 0, drawn again while it is 0 (obfs4proxy panics
+        there: any answer is ours), at most ZERO_DRAW_LIMIT times; then the table's
+        largest value, so that a table weighted almost all on 0 costs bounded work."""
         dist = self._length_dist()
         if not any(dist.values):                # a table of only 0: no sample would do
             return MAXIMUM_SEGMENT_LENGTH
-        while True:
+        for _ in range(ZERO_DRAW_LIMIT):
             target = self.config.sample(dist)
             if target:
                 return target
+        return max(dist.values)                 # lenDist has lo = 0: values are lengths

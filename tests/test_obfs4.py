@@ -15,6 +15,7 @@ The client handshake, as the session vector lays it out::
 import hashlib
 import hmac
 import os
+import random
 import stat
 import threading
 
@@ -896,6 +897,227 @@ def test_iat_mode_2_survives_a_table_of_only_zero():
     pieces = server.send_paced(b"data")
     assert all(len(p) > 0 for p, _ in pieces)
     assert client.receive(b"".join(p for p, _ in pieces)) == b"data"
+
+
+# --- iat-mode 2: bounded work per write (stress-3 fuzz finding 1) ---------------------------
+
+# Two bridge identities whose length tables are one looping value: 1469 mod v is 1..21
+# bytes short of v, so after one two-frame quirk the old loop quirked forever.
+LOOPING_SEEDS = {"1edefc61be562612cb72ffc52eaffa40897b1b9338f42f96": 7,
+                 "c45ba75fe5c9715ef9dd6ea024b5b524af811a6ab9a91951": 211}
+QUIRK_BYTES = 1448 + 21 + 21           # the most one quirk adds
+ENDING_BYTES = 1448 + 20               # the most the last padding adds
+
+
+class Budget:
+    """A sampler that fails the test after ``draws`` draws instead of letting a loop
+    that never ends (the old iat-mode 2 code) hang it and eat memory."""
+
+    def __init__(self, sample, draws=200000):
+        self.sample, self.left = sample, draws
+
+    def __call__(self, dist):
+        self.left -= 1
+        assert self.left >= 0, "send_paced keeps sampling: it does not end"
+        return self.sample(dist)
+
+
+class Table:
+    """A stand-in lenDist (lo = 0, hi = 1448) with these values."""
+
+    def __init__(self, *values):
+        self.values, self.hi = list(values), 1448
+
+
+def frame_bytes(size):
+    """The data frames of a write of ``size`` bytes: + 21 per frame of <= 1427 bytes."""
+    return size + 21 * -(-size // 1427)
+
+
+def old_send_paced(side, plaintext, max_quirks=200):
+    """The iat-mode 2 loop before the bound, step for step (§6.4 as written): the
+    pieces, or None once it took more than ``max_quirks`` quirks (it may never end)."""
+    buffer = bytearray(side._encoder.encode_packets(side._data_packets(plaintext)))
+    pos, pieces, quirks = 0, [], 0
+    while pos < len(buffer):
+        target = side._nonzero_length()
+        if len(buffer) - pos < target:
+            buffer += side._encoder.encode_packets(side._padding_packets(len(buffer) - pos, target))
+            if len(buffer) - pos != target:
+                quirks += 1
+                if quirks > max_quirks:
+                    return None
+                continue
+        pieces.append((bytes(buffer[pos:pos + target]), side._iat_delay()))
+        pos += target
+    return pieces
+
+
+def paranoid_session_pair():
+    """The session vector's pair in iat-mode 2, open: two of them are byte-identical."""
+    client, server = make_client(iat_mode=2), make_server(iat_mode=2)
+    connect(client, server)
+    return client, server
+
+
+def paced_pair(seed):
+    """Our client and server, real configs, for a bridge with this drbg-seed in iat-mode 2."""
+    bridge = obfs4.Identity(bytes(20), bytes(range(32)), hx(seed), 2)
+    server_config = obfs4.ServerConfig(bridge)
+    client_config = obfs4.Obfs4.client_config({"cert": bridge.cert, "iat-mode": "2"})
+    for config in (server_config, client_config):
+        config.sample = Budget(obfs4.sample_table)
+    client, server = obfs4.Obfs4(True, client_config), obfs4.Obfs4(False, server_config)
+    assert server.receive(client.start()) == b""
+    assert client.receive(server.data_to_send()) == b""
+    return client, server
+
+
+@pytest.mark.parametrize("size", [5, 169, 400, 1427, 3000])
+@pytest.mark.parametrize("seed", list(LOOPING_SEEDS))
+def test_iat_mode_2_bridges_whose_table_looped_end_every_write(seed, size):
+    """The repro: such a bridge as our server, a handshake, then send_paced(b"hello")
+    never returned; our client against it did the same on its first write (it takes
+    the bridge's table from the seed frame). Both ways now end, with table-sized pieces
+    the peer decodes, and no quirk at all in a table that can only loop."""
+    v = LOOPING_SEEDS[seed]
+    client, server = paced_pair(seed)
+    assert server.config.len_dist.values == [v] and obfs4.quirk_loops_forever(v)
+    message = filler(size, size)
+    for sender, receiver in ((server, client), (client, server)):
+        pieces = sender.send_paced(message)
+        assert {len(piece) for piece, _ in pieces} == {v}
+        wire = b"".join(piece for piece, _ in pieces)
+        assert len(wire) <= frame_bytes(size) + ENDING_BYTES
+        assert receiver.receive(wire) == message
+    assert client.send_paced(b"hello") and server.send_paced(b"hello")      # the fuzzer's write
+
+
+def test_the_looping_lengths_are_the_110_of_the_finding():
+    looping = [v for v in range(1, 1449) if obfs4.quirk_loops_forever(v)]
+    assert len(looping) == 110
+    assert looping[:12] == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14]           # 13 divides 1469
+    assert {210, 211, 212, 735, 745} <= set(looping) and 13 not in looping and 1448 not in looping
+    assert obfs4.paced_quirk_limit(Table(0, 7)) == 0                           # 0 is drawn again
+    assert obfs4.paced_quirk_limit(Table(7, 14)) == obfs4.PACED_QUIRK_LIMIT == 32
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(v=st.integers(1, 1448), size=st.integers(1, 6000))
+def test_iat_mode_2_with_any_one_value_table_ends_and_the_peer_decodes(v, size):
+    """Every one-value table: the write ends, its pieces are all v, its size is bounded,
+    the peer decodes exactly the plaintext; and wherever the old loop ended, the bytes
+    are the old ones (two identical sessions, the old loop on one)."""
+    message = filler(size, v)
+    (client, server), (_, old_server) = paranoid_session_pair(), paranoid_session_pair()
+    for side in (server, old_server):
+        side._len_dist = Table(v)
+        side.config.sample = Budget(lambda dist: dist.values[0] if dist.hi == 1448 else 3)
+    pieces = server.send_paced(message)
+    wire = b"".join(piece for piece, _ in pieces)
+    assert {len(piece) for piece, _ in pieces} == {v}
+    assert len(wire) <= frame_bytes(size) + QUIRK_BYTES + ENDING_BYTES
+    assert client.receive(wire) == message
+    old = old_send_paced(old_server, message, max_quirks=2)     # one value: 0 or 1, or forever
+    if old is not None:
+        assert old == pieces
+    else:
+        assert obfs4.quirk_loops_forever(v)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(table=st.dictionaries(st.integers(1, 1448) | st.sampled_from([7, 14, 211, 245, 295, 740]),
+                             st.integers(1, 1000), min_size=2, max_size=5),
+       size=st.integers(1, 6000), seed=st.integers(0, 2 ** 32))
+def test_iat_mode_2_with_several_lengths_is_the_old_loop_until_the_bound(table, size, seed):
+    """Random weighted tables, often of looping lengths: the same bytes as the old loop
+    whenever it ended within PACED_QUIRK_LIMIT quirks; always an end, table-sized
+    pieces, bounded size, the plaintext at the peer."""
+    values, weights = list(table), list(table.values())
+    message = filler(size, seed % 256)
+    runs = []
+    for _ in range(2):
+        client, server = paranoid_session_pair()
+        rng = random.Random(seed)                 # both sessions draw the same lengths
+        server._len_dist = Table(*values)
+        server.config.sample = Budget(
+            lambda dist, rng=rng: rng.choices(values, weights)[0] if dist.hi == 1448 else 3)
+        runs.append((client, server))
+    (client, server), (_, old_server) = runs
+    pieces = server.send_paced(message)
+    wire = b"".join(piece for piece, _ in pieces)
+    assert {len(piece) for piece, _ in pieces} <= set(values)
+    assert len(wire) <= frame_bytes(size) + obfs4.PACED_QUIRK_LIMIT * QUIRK_BYTES + ENDING_BYTES
+    assert client.receive(wire) == message
+    old = old_send_paced(old_server, message, max_quirks=obfs4.PACED_QUIRK_LIMIT)
+    if old is not None:
+        assert old == pieces
+
+
+def test_a_table_of_looping_lengths_stops_at_the_bound():
+    """{7, 14} loops forever too (every piece keeps 1469 mod 7 = 6): 32 quirks, then the
+    ending, whatever the draws."""
+    client, server = paranoid_session_pair()
+    server._len_dist = Table(7, 14)
+    draws = iter([7, 14] * 5000)
+    server.config.sample = Budget(lambda dist: next(draws) if dist.hi == 1448 else 3)
+    pieces = server.send_paced(b"hello")
+    wire = b"".join(piece for piece, _ in pieces)
+    assert {len(piece) for piece, _ in pieces} <= {7, 14}
+    assert frame_bytes(5) + 32 * 1448 < len(wire) <= frame_bytes(5) + 32 * QUIRK_BYTES + ENDING_BYTES
+    assert client.receive(wire) == b"hello"
+
+
+def test_a_table_that_draws_only_zero_gets_its_largest_length_after_64_draws():
+    """0 is drawn again (obfs4proxy panics on it); a sampler that keeps drawing 0 from a
+    table that has other lengths gets the largest after ZERO_DRAW_LIMIT draws."""
+    client, server = paranoid_session_pair()
+    server._len_dist = Table(0, 40, 90)
+    drawn = []
+    server.config.sample = Budget(lambda dist: drawn.append(0) or 0 if dist.hi == 1448 else 3)
+    pieces = server.send_paced(b"hello")
+    assert {len(piece) for piece, _ in pieces} == {90}
+    assert len(drawn) == obfs4.ZERO_DRAW_LIMIT * len(pieces) == 64
+    assert client.receive(b"".join(piece for piece, _ in pieces)) == b"hello"
+
+
+def quirk_chain_tail(lengths, quirks):
+    """max over the states right after a quirk of P(at least ``quirks`` more quirks in this
+    write), for a table {length: probability}: the exact Markov chain over the bytes left
+    (what the docstring's figures come from, there over 20,000 random tables)."""
+    items = sorted(lengths.items())
+    starts = [t + 1469 for t, _ in items]
+    step = []                                       # step[a][b]: next quirk is b, from a
+    for start in starts:
+        visits = [0.0] * (start + 1)
+        visits[start] = 1.0
+        for left in range(start, 0, -1):
+            if visits[left]:
+                for t, p in items:
+                    if t <= left:
+                        visits[left - t] += visits[left] * p
+        step.append([p * sum(visits[max(1, t - 21):t]) for t, p in items])
+    tail = [1.0] * len(items)
+    for _ in range(quirks):
+        tail = [sum(row[b] * tail[b] for b in range(len(items))) for row in step]
+    return max(tail)
+
+
+def test_the_worst_terminating_table_found_almost_never_reaches_the_bound():
+    """The worst of 20,000 random bridge tables that end (two looping lengths, 245 and
+    295): a write needs more than 32 quirks with a chance of about 1e-14; more than 16,
+    about 1e-7. Figures quoted in Obfs4.send_paced."""
+    dist = WeightedDist(hx("21a0d163d41af67e392fc5a89dee88c13788a50033a797d0"), 0, 1448)
+    n = len(dist.values)
+    mass = [0.0] * n
+    for i in range(n):                               # the alias tables' exact probabilities
+        mass[i] += dist.prob[i] / n
+        mass[dist.alias[i]] += (1.0 - dist.prob[i]) / n
+    lengths = dict(zip(dist.values, mass))
+    assert sorted(lengths) == [245, 295] and round(lengths[245], 2) == 0.87
+    assert 1e-15 < quirk_chain_tail(lengths, 32) < 2e-14
+    assert 1e-8 < quirk_chain_tail(lengths, 16) < 2e-7
+    assert quirk_chain_tail({7: 1.0}, 32) == 1.0                              # loops forever
 
 
 # --- State files (§5) ------------------------------------------------------------------
