@@ -246,10 +246,16 @@ def _from_hex(text, length, what):
 
 
 def parse_iat_mode(text):
-    """iat-mode as obfs4proxy parses it (Go's strconv.Atoi, then the 0..2 range check)."""
-    if not re.fullmatch(r"[+-]?[0-9]+", text or ""):
+    """iat-mode as obfs4proxy parses it (Go's strconv.Atoi, then the 0..2 range check):
+    ASCII digits with an optional sign, within a 64-bit int, else "malformed"."""
+    match = re.fullmatch(r"([+-]?)0*([0-9]+)", text or "")
+    # Over 19 significant digits is past int64 for Go, and from 4301 digits on past
+    # int()'s limit for Python: decide on the digits before converting them.
+    if not match or len(match.group(2)) > 19:
         raise ValueError("malformed iat-mode '%s'" % text)
-    mode = int(text)
+    mode = int(match.group(1) + match.group(2))
+    if not -2 ** 63 <= mode < 2 ** 63:
+        raise ValueError("malformed iat-mode '%s'" % text)
     if not IAT_NONE <= mode <= IAT_PARANOID:
         raise ValueError("invalid iat-mode '%d'" % mode)
     return mode

@@ -1405,6 +1405,24 @@ def test_client_arg_errors_say_what_the_user_wrote(options, message):
     assert str(error.value) == message
 
 
+@pytest.mark.parametrize("text, message", [
+    ("1" * 5000, "malformed iat-mode '%s'" % ("1" * 5000)),          # was int()'s digit limit
+    ("9223372036854775808", "malformed iat-mode '9223372036854775808'"),  # past Go's int64
+    ("-9223372036854775809", "malformed iat-mode '-9223372036854775809'"),
+    ("9223372036854775807", "invalid iat-mode '9223372036854775807'"),  # an int64: out of range
+    ("0" * 5000 + "2", 2),                                          # Atoi takes leading zeros
+    ("+1", 1), ("-0", 0),
+    ("\u0662", "malformed iat-mode '\u0662'"),                        # Arabic-Indic 2
+])
+def test_iat_mode_is_parsed_as_go_atoi_parses_it(text, message):
+    if isinstance(message, int):
+        assert obfs4.parse_iat_mode(text) == message
+        return
+    with pytest.raises(ValueError) as error:
+        obfs4.parse_iat_mode(text)
+    assert str(error.value) == message
+
+
 def test_unknown_server_args_are_refused_before_the_state_is_touched(tmp_path):
     with pytest.raises(ValueError, match=r"unknown obfs4 argument\(s\): cert, iat_mode \(an obfs4 server"):
         obfs4.Obfs4.server_config({"iat_mode": "1", "cert": "x"}, tmp_path / "state")
