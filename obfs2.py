@@ -75,6 +75,7 @@ Errors in the spec text (the implementations that run on the network win)
 """
 
 import hashlib
+import re
 import secrets
 import struct
 
@@ -169,6 +170,7 @@ class Config:
     in Python obfsproxy (``if secret:``), so that a SOCKS argument
     ``shared-secret=`` still talks to a server without one.
     ``hash_iterations``: n in H^n, shared-secret mode only.
+    ``notes``: lines the core says once at NOTICE (none for obfs2).
     """
 
     def __init__(self, shared_secret=None, hash_iterations=HASH_ITERATIONS):
@@ -176,6 +178,7 @@ class Config:
             raise ValueError("hash_iterations must be in 1..%d" % MAX_HASH_ITERATIONS)
         self.shared_secret = shared_secret or None
         self.hash_iterations = hash_iterations
+        self.notes = ()             # lines the core says once at NOTICE
 
 
 # The options obfs2 takes (--transport-options, SOCKS arguments, Tor's
@@ -190,8 +193,11 @@ def _config(options):
         raise ValueError("unknown obfs2 argument(s): %s (obfs2 takes %s)"
                          % (", ".join(unknown), ", ".join(OPTIONS)))
     text = options.get("ss-hash-iterations", str(HASH_ITERATIONS))
-    if not text.isdigit():
-        raise ValueError("ss-hash-iterations must be a whole number, not %r" % text)
+    # ASCII digits only (str.isdigit() also takes "²", which int() refuses, and int()
+    # takes "١٠", Arabic-Indic ten), and few enough that int() is cheap and allowed.
+    if not (re.fullmatch(r"[0-9]{1,20}", text) and 1 <= int(text) <= MAX_HASH_ITERATIONS):
+        raise ValueError("ss-hash-iterations must be a whole number in 1..%d, not %r"
+                         % (MAX_HASH_ITERATIONS, text if len(text) <= 20 else text[:20] + "..."))
     secret = options.get("shared-secret")
     try:
         secret = secret.encode() if isinstance(secret, str) else secret
@@ -228,7 +234,8 @@ class Obfs2:
         and return True. The same keystreams as ``send`` and ``receive``.
 
     ``initiator`` is True for the side that opened the TCP connection (our
-    client), False for the side that accepted it (our server).
+    client), False for the side that accepted it (our server). ``prepared``
+    is one item of ``prepare()``'s pool, made ahead for the same role and config.
 
     The answer-later rule: in shared-secret mode every key costs
     4 x HASH_ITERATIONS SHA-256 (``expensive``), paid before the peer can be
@@ -240,6 +247,18 @@ class Obfs2:
 
     name = "obfs2"
     ProtocolError = ProtocolError
+    expensive = False           # per connection: True with a shared secret (the hashing)
+    handshake_timeout = None    # the core's --handshake-timeout
+    secret_options = ("shared-secret",)     # never logged
+    uses_state_dir = False
+
+    # What to check when a handshake failed, by side and kind (failure_hint).
+    HINTS = {
+        (True, "protocol"): "(wrong protocol, or a different shared secret)",
+        (True, "timeout"): "(is it an obfs2 server?)",
+        (True, "closed"): "(wrong protocol, or a different shared secret)",
+        (False, "protocol"): "(wrong protocol, or a different shared secret)",
+    }
 
     @classmethod
     def client_config(cls, options):
@@ -258,8 +277,26 @@ class Obfs2:
             announce["ss-hash-iterations"] = str(config.hash_iterations)
         return config, announce
 
-    def __init__(self, initiator, config=None, randbytes=secrets.token_bytes, padlen=None,
-                 **config_fields):
+    @classmethod
+    def prepare(cls, initiator, config):
+        """(key, make) for our first message made ahead: make() -> (SEED, PADLEN,
+        SEED | E(own PAD key, MAGIC | PADLEN | padding)), which depends on the role,
+        the secret and the round count (the pool's key). None for a shared-secret
+        responder: it answers only an initiator that checked out, so a bare connect
+        must not cost it 4 x HASH_ITERATIONS SHA-256, not even to refill a pool."""
+        config = config or Config()
+        if config.shared_secret and not initiator:
+            return None
+        key = ("obfs2 first messages", initiator, config.shared_secret, config.hash_iterations)
+        return key, lambda: cls._first_message(initiator, config)
+
+    @classmethod
+    def _first_message(cls, initiator, config):
+        side = cls(initiator, config)
+        return side.seed, side.padlen, side.handshake()
+
+    def __init__(self, initiator, config=None, prepared=None, randbytes=secrets.token_bytes,
+                 padlen=None, **config_fields):
         config = config or Config(**config_fields)
         self.initiator = initiator
         shared_secret = config.shared_secret
@@ -274,7 +311,12 @@ class Obfs2:
         self._answer_later = self.expensive and not initiator
         self._owed = b""
         self._randbytes = randbytes
-        self.seed = randbytes(SEED_LENGTH)
+        self._prepared_message = None
+        if prepared is not None:        # made ahead by prepare() for this role and config
+            padlen = prepared[1]
+            self.seed, self._prepared_message = prepared[0], prepared[2]
+        else:
+            self.seed = randbytes(SEED_LENGTH)
         # PADLEN is uniform in 0..MAX_PADDING inclusive, from a CSPRNG.
         self.padlen = secrets.randbelow(MAX_PADDING + 1) if padlen is None else padlen
         if not 0 <= self.padlen <= MAX_PADDING:
@@ -290,6 +332,13 @@ class Obfs2:
     def is_open(self):
         return self.state == OPEN
 
+    def failure_hint(self, kind):
+        """What to check after a failed handshake ("protocol", "timeout" or "closed"),
+        as a parenthesised clause for the core to put after its own words, or "".
+        A responder with a shared secret closes on an initiator with another one:
+        the initiator sees "closed"."""
+        return self.HINTS.get((self.initiator, kind), "")
+
     def start(self):
         """SEED | E(own PAD, UINT32(MAGIC_VALUE) | UINT32(PADLEN) | padding),
         or b"" for a shared-secret responder (see the answer-later rule)."""
@@ -300,7 +349,12 @@ class Obfs2:
         return owed
 
     def handshake(self):
-        """Our handshake message: SEED | E(own PAD, MAGIC | PADLEN | padding)."""
+        """Our handshake message: SEED | E(own PAD, MAGIC | PADLEN | padding), the
+        prepared one if there is one. The key work (one SHA-256, or 4 x HASH_ITERATIONS
+        with a secret) happens here, called by start() or receive(), never by the
+        constructor: the core serialises only those two."""
+        if self._prepared_message is not None:
+            return self._prepared_message
         stream = ctr(pad_key(self.seed, self.initiator, self.secret_hash, self.iterations))
         body = struct.pack(">II", MAGIC_VALUE, self.padlen) + self._randbytes(self.padlen)
         return self.seed + stream.encrypt(body)
@@ -320,8 +374,7 @@ class Obfs2:
                                                  self.secret_hash, self.iterations)
             # 3. Wrong magic or too much padding: the peer is not obfs2.
             if magic != MAGIC_VALUE:
-                raise ProtocolError("invalid magic value 0x%08x (wrong protocol, "
-                                    "or a different shared secret)" % magic)
+                raise ProtocolError("invalid magic value 0x%08x" % magic)
             if padlen > MAX_PADDING:
                 raise ProtocolError("padding length %d exceeds %d" % (padlen, MAX_PADDING))
             self.peer_seed, self.peer_padlen = seed, padlen

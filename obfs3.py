@@ -100,8 +100,9 @@ State machines
 
 ``is_open`` turns True in SEARCH_MAGIC, as soon as the keys exist, not when the
 peer's magic is seen: obfs4proxy's server sends its magic only with its first
-data, and with Tor that comes only after ours. The 30 s deadline for the 192
-bytes belongs to the I/O layer (``HANDSHAKE_TIMEOUT``); there is none after.
+data, and with Tor that comes only after ours. The deadline for the 192 bytes
+is the core's --handshake-timeout (30 s by default, as obfs4proxy's;
+``handshake_timeout`` is None); there is none after.
 
 Where the spec text and the implementations differ (obfs4proxy 0.0.14 wins)
 ---------------------------------------------------------------------------
@@ -142,7 +143,7 @@ import os
 import secrets
 from collections import namedtuple
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from Crypto.Cipher import AES
 
@@ -168,7 +169,6 @@ KEYLEN = 16                  # AES-128
 CTRLEN = 16                  # the whole initial counter block
 MAGIC_LENGTH = 32            # a full HMAC-SHA256 output
 MAGIC_SEARCH_LIMIT = MAX_PADDING + MAGIC_LENGTH   # 8226 bytes after the public value
-HANDSHAKE_TIMEOUT = 30.0     # seconds for the public values (obfs4proxy); for the I/O layer
 
 INIT_DATA_LABEL = b"Initiator obfuscated data"
 RESP_DATA_LABEL = b"Responder obfuscated data"
@@ -319,13 +319,21 @@ class Obfs3Config:
     ``randbytes(n)``  padding bytes, and the raw UniformDH bytes when
                       ``keypairs`` is None (default ``os.urandom``)
     ``padlen()``      one padding length, 0..4097; called twice per connection
-    ``keypairs()``    -> (x, 192-byte public value), e.g. from a precomputed
-                      pool; None: ``generate_keypair(randbytes)`` in ``start()``
+    ``keypairs()``    -> (x, 192-byte public value), for tests; None:
+                      ``generate_keypair(randbytes)`` in ``start()``. A
+                      connection's ``prepared`` keypair (pool.py) comes first.
     """
 
     randbytes: Callable[[int], bytes] = os.urandom
     padlen: Callable[[], int] = random_padlen
     keypairs: Optional[Callable[[], tuple]] = None
+    notes: Tuple[str, ...] = ()            # lines the core says once at NOTICE
+
+
+def _no_arguments(options):
+    if options:
+        raise ValueError("obfs3 takes no arguments (got %s)" % ", ".join(sorted(options)))
+    return Obfs3Config()
 
 
 class Obfs3:
@@ -335,7 +343,7 @@ class Obfs3:
 
     ``start() -> bytes``
         PUB | PAD1. Send it at once; do not wait for the peer. Generates our
-        keypair (one modexp), hence ``expensive``.
+        keypair (one modexp), hence ``expensive``, unless one was ``prepared``.
     ``receive(data) -> bytes``
         Feed the peer's bytes in any split, after ``start()``. Returns the plaintext:
         empty until the peer's magic has been found; bytes glued behind the
@@ -354,26 +362,51 @@ class Obfs3:
         and return True; return False, touching nothing, while our magic has
         not gone out yet (send) or the peer's has not been found (receive).
 
-    ``initiator`` is True for the side that opened the TCP connection.
+    ``initiator`` is True for the side that opened the TCP connection;
+    ``prepared`` is one keypair from ``prepare()``'s pool (made ahead, used once).
+    Key work happens only in ``start()`` (our keypair) and ``receive()`` (the
+    shared secret), the calls the core serialises; the constructor draws the two
+    padding lengths and nothing else.
     """
 
     name = "obfs3"
     ProtocolError = ProtocolError
     expensive = True
+    handshake_timeout = None    # the core's --handshake-timeout, for the 192 bytes
+    secret_options = ()
+    uses_state_dir = False
+
+    # What to check when a handshake failed, by side and kind (failure_hint).
+    HINTS = {
+        (True, "protocol"): "(is it an obfs3 server?)",
+        (True, "timeout"): "(is it an obfs3 server? one sends its 192 bytes at once)",
+        (True, "closed"): "(is it an obfs3 server?)",
+        (False, "protocol"): "(a prober, or a client of another transport)",
+        (False, "timeout"): "(a prober, or a client of another transport)",
+    }
 
     @classmethod
     def client_config(cls, options):
-        """obfs3 has no parameters; SOCKS arguments are ignored, as obfs4proxy does."""
-        return Obfs3Config()
+        """obfs3 has no parameters. Arguments are refused, not ignored as obfs4proxy
+        does: a bridge line with obfs4's cert= and iat-mode= on an obfs3 bridge is a
+        mistake, and ignoring it left the user waiting for a timeout."""
+        return _no_arguments(options)
 
     @classmethod
     def server_config(cls, options, state_dir):
         """No options, no state files; SMETHOD announces an empty ARGS:."""
-        return Obfs3Config(), {}
+        return _no_arguments(options), {}
 
-    def __init__(self, initiator, config=None):
+    @classmethod
+    def prepare(cls, initiator, config):
+        """Both sides start from a UniformDH keypair, which depends on nothing: one
+        pool for every config and role."""
+        return "obfs3 keypairs", generate_keypair
+
+    def __init__(self, initiator, config=None, prepared=None):
         self.initiator = initiator
         self.config = Obfs3Config() if config is None else config
+        self._prepared = prepared
         self.padlen1 = self._draw_padlen()
         self.padlen2 = self._draw_padlen()
         self.public = None            # our 192-byte public value, made by start()
@@ -398,11 +431,18 @@ class Obfs3:
     def is_open(self):
         return self._encrypt is not None
 
+    def failure_hint(self, kind):
+        """What to check after a failed handshake ("protocol", "timeout" or "closed"),
+        as a parenthesised clause for the core to put after its own words, or ""."""
+        return self.HINTS.get((self.initiator, kind), "")
+
     def start(self):
         """PUB | PAD1: our UniformDH public value, then PADLEN1 random bytes."""
         if self.public is not None:
             raise RuntimeError("obfs3: start() called twice")
-        if self.config.keypairs is None:
+        if self._prepared is not None:
+            (self._x, self.public), self._prepared = self._prepared, None
+        elif self.config.keypairs is None:
             self._x, self.public = generate_keypair(self.config.randbytes)
         else:
             self._x, self.public = self.config.keypairs()
@@ -429,19 +469,18 @@ class Obfs3:
             self._make_keys(shared_secret(self._x, self.peer_public))
             self.state = SEARCH_MAGIC
 
-        # 2. Search the peer's magic in everything after its public value. A
-        #    magic straddling two reads starts at most 31 bytes before the old end.
+        # 2. Search the peer's magic where it may lie: starting at pos <= 8194 (two
+        #    paddings of at most 4097), so within the 8226 bytes after the public
+        #    value. A magic straddling two reads starts at most 31 bytes before the old end.
         start = max(0, self._scanned - (MAGIC_LENGTH - 1))
-        pos = self._buffer.find(self._peer_magic, start)
-        # 3. Accept only pos <= 8194 (two paddings of at most 4097); give up
-        #    once 8226 bytes are buffered without the magic.
-        if pos > MAX_PADDING:
-            return self._fail("the peer's magic starts %d bytes after its public value; "
-                              "at most %d are allowed" % (pos, MAX_PADDING))
+        pos = self._buffer.find(self._peer_magic, start, MAGIC_SEARCH_LIMIT)
+        # 3. Not there: wait, or give up once all 8226 bytes are in. One outcome and one
+        #    reason whatever the split (a magic at 8195 or later is the same failure as none).
         if pos < 0:
             if len(self._buffer) >= MAGIC_SEARCH_LIMIT:
-                return self._fail("no peer magic in the %d bytes after its public value "
-                                  "(not obfs3, or a prober)" % len(self._buffer))
+                return self._fail("no peer magic within the %d bytes after its public value "
+                                  "(its paddings may total %d bytes at most)"
+                                  % (MAGIC_SEARCH_LIMIT, MAX_PADDING))
             self._scanned = len(self._buffer)
             return b""
 

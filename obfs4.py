@@ -111,6 +111,8 @@ The document (doc/obfs4-spec.txt) vs the 0.0.14 code, which is what is on the wi
 12. Padding tables are built with Go's math/rand over the hash DRBG (§6.3).
 13. obfs4proxy's client decodes the seed frame only after its next read; ours at once.
 14. iat-mode 2 with a sampled write size 0 makes obfs4proxy panic; we resample.
+15. iat-mode 2 with a table of looping lengths (e.g. [7]) makes obfs4proxy stream padding
+    forever on one write; we bound the work per write (``Obfs4.send_paced``).
 """
 
 import base64
@@ -179,14 +181,18 @@ SEED_PACKET_PAYLOAD_LENGTH = SEED_LENGTH
 DIRECTION_KEY_LENGTH = 32 + 16 + SEED_LENGTH  # 72: secretbox key | nonce prefix | DRBG seed
 OKM_LENGTH = 2 * DIRECTION_KEY_LENGTH         # 144
 
-CLIENT_HANDSHAKE_TIMEOUT = 60                 # seconds; enforced by the I/O layer
-SERVER_HANDSHAKE_TIMEOUT = 30
+SERVER_HANDSHAKE_TIMEOUT = 30                 # seconds: obfs4proxy's serverHandshakeTimeout (the
+                                              # server's handshake_timeout, the base of failure_linger)
 REPLAY_TTL = 3 * 3600                         # seconds a MAC_C is remembered
 REPLAY_MAX_ENTRIES = 102400
 
 IAT_NONE, IAT_ENABLED, IAT_PARANOID = 0, 1, 2
 MAX_IAT_DELAY = 100                           # iatDist values 0..100 ...
 IAT_UNIT = 100e-6                             # ... in units of 100 µs: at most 10 ms
+PACED_QUIRK_LIMIT = 32                        # iat-mode 2: two-frame padBursts per write, then
+                                              # the bounded ending (Obfs4.send_paced)
+ZERO_DRAW_LIMIT = 64                          # iat-mode 2: lenDist draws of 0 in a row, then
+                                              # the table's largest value
 
 PROTOID = b"ntor-curve25519-sha256-1"
 T_MAC = PROTOID + b":mac"
@@ -240,10 +246,16 @@ def _from_hex(text, length, what):
 
 
 def parse_iat_mode(text):
-    """iat-mode as obfs4proxy parses it (Go's strconv.Atoi, then the 0..2 range check)."""
-    if not re.fullmatch(r"[+-]?[0-9]+", text or ""):
+    """iat-mode as obfs4proxy parses it (Go's strconv.Atoi, then the 0..2 range check):
+    ASCII digits with an optional sign, within a 64-bit int, else "malformed"."""
+    match = re.fullmatch(r"([+-]?)0*([0-9]+)", text or "")
+    # Over 19 significant digits is past int64 for Go, and from 4301 digits on past
+    # int()'s limit for Python: decide on the digits before converting them.
+    if not match or len(match.group(2)) > 19:
         raise ValueError("malformed iat-mode '%s'" % text)
-    mode = int(text)
+    mode = int(match.group(1) + match.group(2))
+    if not -2 ** 63 <= mode < 2 ** 63:
+        raise ValueError("malformed iat-mode '%s'" % text)
     if not IAT_NONE <= mode <= IAT_PARANOID:
         raise ValueError("invalid iat-mode '%d'" % mode)
     return mode
@@ -348,11 +360,14 @@ def state_json(state):
 
 def _read_state(path):
     """The fields of an existing obfs4_state.json. Like Go's json.Unmarshal into a struct:
-    names match case-insensitively, unknown fields are dropped, wrong types are errors."""
+    names match case-insensitively, unknown fields are dropped, null is the zero value,
+    wrong types are errors. ValueError naming the file; OSError if it cannot be read."""
     try:
         loaded = json.loads(path.read_bytes().decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise ValueError("failed to load statefile '%s': %s" % (path, error))
+    except RecursionError:               # [[[[... deeper than Python's stack (Go allows 10,000)
+        raise ValueError("failed to load statefile '%s': nested too deeply" % path)
     if not isinstance(loaded, dict):
         raise ValueError("failed to load statefile '%s': not a JSON object" % path)
     state = {"node-id": "", "private-key": "", "public-key": "", "drbg-seed": "", "iat-mode": 0}
@@ -366,6 +381,38 @@ def _read_state(path):
                              % (path, key, "string" if types[name] is str else "integer"))
         state[name] = value
     return state
+
+
+def _state_identity(state):
+    """The Identity of a state's fields (from the file, or from the options); ValueError
+    on a bad iat-mode or hex that is not exactly 20, 32 and 24 bytes (no spaces)."""
+    if not IAT_NONE <= state["iat-mode"] <= IAT_PARANOID:
+        raise ValueError("invalid iat-mode '%d'" % state["iat-mode"])
+    return Identity(_from_hex(state["node-id"], NODE_ID_LENGTH, "node-id"),
+                    _from_hex(state["private-key"], KEY_LENGTH, "private-key"),
+                    _from_hex(state["drbg-seed"], SEED_LENGTH, "drbg-seed"),
+                    state["iat-mode"])
+
+
+def read_identity(state_dir):
+    """The bridge identity in STATE_DIR/obfs4_state.json, read exactly as the server reads
+    it at start-up, and never created or written: the one loader for the server
+    (``load_or_create_state``) and for tools that only look (unmask's --state-dir).
+
+    What is read: a JSON object whose names match case-insensitively ("NODE-ID"), unknown
+    names ignored, null or absent meaning "" or 0; node-id, private-key and drbg-seed in
+    hex of exactly 20, 32 and 24 bytes, either case, nothing around it; iat-mode 0..2.
+    "public-key" is never trusted: B is recomputed from private-key.
+
+    OSError if the file cannot be read (FileNotFoundError when there is none); ValueError,
+    naming the file, when it is not a valid state.
+    """
+    path = Path(state_dir) / STATE_FILE
+    state = _read_state(path)
+    try:
+        return _state_identity(state)
+    except ValueError as error:
+        raise ValueError("failed to load statefile '%s': %s" % (path, error))
 
 
 def _write_file(path, data):
@@ -392,20 +439,29 @@ def load_or_create_state(state_dir, options, randbytes=os.urandom):
     """The server's Identity, exactly as obfs4proxy 0.0.14 gets it (§5):
 
     1. node-id, private-key, drbg-seed in ``options``: all three or none
-       ("missing argument 'private-key'"); given -> the file gets "public-key":"".
-       None -> load obfs4_state.json, or create a fresh identity and write it.
+       ("missing argument 'private-key'"); given -> the file gets "public-key":"", and
+       whatever identity it held is replaced (even an unreadable file), as obfs4proxy does.
+       None -> load obfs4_state.json (``read_identity``'s rules), or create a fresh
+       identity and write it.
     2. iat-mode in ``options`` overrides ("malformed iat-mode 'x'", "invalid iat-mode '3'").
     3. Write obfs4_bridgeline.txt, then write the state back (public-key verbatim: it is
        ignored on load and recomputed from private-key).
 
     Files are created 0600, directories 0700. ValueError on anything bad.
     """
+    return _load_or_create_state(state_dir, options, randbytes)[0]
+
+
+def _load_or_create_state(state_dir, options, randbytes):
+    """(Identity, notes): ``load_or_create_state``, and a line to say when identity
+    options replaced a different (or unreadable) identity in an existing state file."""
     state_dir = Path(state_dir)
+    notes = ()
     try:
         _make_state_dir(state_dir)
+        path = state_dir / STATE_FILE
         given = [name for name in ("node-id", "private-key", "drbg-seed") if name in options]
         if not given:
-            path = state_dir / STATE_FILE
             if path.exists():
                 state = _read_state(path)
             else:
@@ -425,35 +481,61 @@ def load_or_create_state(state_dir, options, randbytes=os.urandom):
                      "public-key": "", "drbg-seed": options["drbg-seed"], "iat-mode": IAT_NONE}
         if "iat-mode" in options:
             state["iat-mode"] = parse_iat_mode(options["iat-mode"])
-        if not IAT_NONE <= state["iat-mode"] <= IAT_PARANOID:
-            raise ValueError("invalid iat-mode '%d'" % state["iat-mode"])
-        identity = Identity(_from_hex(state["node-id"], NODE_ID_LENGTH, "node-id"),
-                            _from_hex(state["private-key"], KEY_LENGTH, "private-key"),
-                            _from_hex(state["drbg-seed"], SEED_LENGTH, "drbg-seed"),
-                            state["iat-mode"])
+        identity = _state_identity(state)
+        if given and os.path.lexists(str(path)) and not _holds(path, identity):
+            notes = ("node-id, private-key and drbg-seed replaced the identity in %s" % path,)
         _write_file(state_dir / BRIDGE_FILE,
                     (BRIDGE_LINE_TEMPLATE % (identity.cert, identity.iat_mode)).encode("ascii"))
-        _write_file(state_dir / STATE_FILE, state_json(state))
+        _write_file(path, state_json(state))
     except OSError as error:
         raise ValueError("obfs4 state directory %s: %s" % (state_dir, error.strerror or error))
-    return identity
+    return identity, notes
+
+
+def _holds(path, identity):
+    """True if the state file at ``path`` reads as this very identity (keys, seed and
+    iat-mode); False if it differs or cannot be read."""
+    try:
+        held = read_identity(path.parent)
+    except (OSError, ValueError):
+        return False
+    return (held.node_id, held.private_key, held.drbg_seed, held.iat_mode) == \
+        (identity.node_id, identity.private_key, identity.drbg_seed, identity.iat_mode)
+
+
+# The arguments each side takes. A client's node-id + public-key is the legacy form of cert.
+CLIENT_OPTIONS = ("cert", "iat-mode", "node-id", "public-key")
+SERVER_OPTIONS = ("node-id", "private-key", "drbg-seed", "iat-mode")
+
+
+def refuse_unknown(options, accepted, side):
+    """ValueError naming the arguments not in ``accepted``, and the accepted ones.
+    obfs4proxy ignores them; we refuse them, so that a typo (iat_mode=1) or another
+    transport's argument is seen at once instead of as a silent bridge."""
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError("unknown obfs4 argument(s): %s (an obfs4 %s takes %s)"
+                         % (", ".join(unknown), side, ", ".join(accepted)))
 
 
 def parse_client_args(options):
     """(NODEID, B, iat-mode) from the bridge line's arguments, as obfs4proxy's client:
     ``cert`` (or, without it, the legacy ``node-id`` + ``public-key`` in hex), and
-    ``iat-mode`` 0..2, mandatory. Unknown keys are ignored. ValueError otherwise."""
+    ``iat-mode`` 0..2, mandatory. ValueError otherwise, in the words of a bridge line
+    (unknown arguments too, unlike obfs4proxy)."""
+    refuse_unknown(options, CLIENT_OPTIONS, "client")
     if "cert" in options:
         node_id, public_key = parse_cert(options["cert"])
+    elif "node-id" not in options and "public-key" not in options:
+        raise ValueError("no cert= given (the bridge line's cert=...; for SOCKS, pass it as the username)")
     else:
-        if "node-id" not in options:
-            raise ValueError("missing argument 'node-id'")
+        for given, missing in (("node-id", "public-key"), ("public-key", "node-id")):
+            if missing not in options:
+                raise ValueError("%s= without %s= (or give the bridge line's cert=...)" % (given, missing))
         node_id = _from_hex(options["node-id"], NODE_ID_LENGTH, "node-id")
-        if "public-key" not in options:
-            raise ValueError("missing argument 'public-key'")
         public_key = _from_hex(options["public-key"], KEY_LENGTH, "public-key")
     if "iat-mode" not in options:
-        raise ValueError("missing argument 'iat-mode'")
+        raise ValueError("no iat-mode= given (add iat-mode=0, as in the bridge line)")
     return node_id, public_key, parse_iat_mode(options["iat-mode"])
 
 
@@ -672,6 +754,24 @@ def pad_burst(burst_length, target):
     return []
 
 
+def quirk_loops_forever(v):
+    """True if a table whose only length is v repeats padBurst's two-frame quirk forever
+    in iat-mode 2: after one, the pieces of v leave 1469 mod v bytes, which are again
+    1..21 bytes short of v (110 of the lengths 1..1448)."""
+    left = (MAXIMUM_SEGMENT_LENGTH + HEADER_LENGTH) % v
+    return left != 0 and v - left <= HEADER_LENGTH
+
+
+def paced_quirk_limit(dist):
+    """The two-frame quirks one iat-mode 2 write may take with this lenDist: none if its
+    only non-zero length loops forever (0 is drawn again, so {0, v} is v alone), else
+    PACED_QUIRK_LIMIT (see Obfs4.send_paced)."""
+    lengths = {value for value in dist.values if value}
+    if len(lengths) == 1 and quirk_loops_forever(next(iter(lengths))):
+        return 0
+    return PACED_QUIRK_LIMIT
+
+
 # --- Configuration (once per listener or per client connection) ----------------------
 
 class _Config:
@@ -682,11 +782,15 @@ class _Config:
     ``pad_length(lo, hi)``   the handshake padding length, uniform in lo..hi
     ``sample(dist)``         one draw from a lenDist/iatDist table
     ``randbelow(n)``         the decoder's pretend length after a bad length field
-    ``keypairs()``           (priv, u, representative), or None for generate_keypair
+    ``keypairs()``           (priv, u, representative), or None for generate_keypair;
+                             a connection's ``prepared`` item comes first
+
+    and ``notes``, lines for the core to say once at NOTICE (a tuple of str).
     """
 
     def __init__(self, iat_mode):
         self.iat_mode = iat_mode
+        self.notes = ()                    # lines the core says once at NOTICE
         self.clock = time.time
         self.randbytes = os.urandom
         self.pad_length = uniform_length
@@ -729,7 +833,13 @@ class Obfs4:
     reply + seed frame in ``data_to_send()``; then ``is_open``. Both: ``send(plaintext)``
     returns frames and padding; in iat-mode 1/2 (``paced``) ``send_paced(plaintext)``
     returns (bytes, seconds to wait after them) pieces. Any peer error: ``ProtocolError``.
-    The ephemeral keypair is made here, before any byte is read or sent.
+
+    The ephemeral keypair (x, X, X') is the key work the core serialises, so it is made
+    inside ``start()`` (client) and inside the ``receive()`` that verified MAC_C (server:
+    a prober, which never gets that far, costs no key generation at all), never in the
+    constructor, which runs unserialised for every accepted connection. It is, in order:
+    ``prepared`` (one item of ``prepare()``'s pool), else ``config.keypairs()`` (tests),
+    else ``generate_keypair(config.randbytes)``.
     """
 
     name = "obfs4"
@@ -737,7 +847,22 @@ class Obfs4:
     expensive = True            # key generation and ntor: the core serialises the handshake
     paced = False               # per connection: True in iat-mode 1 and 2 (use send_paced)
     failure_linger = None       # per connection: the server's 30 s + close_delay
+    handshake_timeout = None    # per connection: the server's 30 s, whatever --handshake-timeout
+                                # says (probe timing must match obfs4proxy's); a client's is the core's
+    secret_options = ()         # cert= is public: it is in every bridge line
     uses_state_dir = True       # the server's identity lives in obfs4_state.json
+
+    # What to check when a handshake failed, by side and kind (failure_hint).
+    HINTS = {
+        (True, "protocol"): "(is it an obfs4 server? the right cert?)",
+        (True, "timeout"): "(no answer: a wrong cert=, or not an obfs4 bridge at that address; "
+                           "an obfs4 bridge stays silent for a client without its cert)",
+        (True, "closed"): "(closed without an answer: a wrong cert=, or not an obfs4 bridge at that "
+                          "address; an obfs4 bridge closes on a client without its cert after 30 to 89 s)",
+        (False, "protocol"): "(a prober, or a client with a wrong cert)",
+        (False, "timeout"): "(a prober, or a client with a wrong cert)",
+        (False, "closed"): "(a prober, or a client with a wrong cert)",
+    }
 
     @classmethod
     def client_config(cls, options):
@@ -747,18 +872,27 @@ class Obfs4:
     def server_config(cls, options, state_dir, randbytes=os.urandom):
         """(ServerConfig, SMETHOD ARGS {"cert": ..., "iat-mode": "N"}); ``randbytes`` makes
         a fresh identity when the state directory has none."""
+        refuse_unknown(options, SERVER_OPTIONS, "server")
         if state_dir is None:
             raise ValueError("obfs4 needs a state directory (--state-dir)")
-        identity = load_or_create_state(state_dir, options, randbytes)
-        return ServerConfig(identity), {"cert": identity.cert, "iat-mode": str(identity.iat_mode)}
+        identity, notes = _load_or_create_state(state_dir, options, randbytes)
+        config = ServerConfig(identity)
+        config.notes = notes
+        return config, {"cert": identity.cert, "iat-mode": str(identity.iat_mode)}
 
-    def __init__(self, initiator, config):
+    @classmethod
+    def prepare(cls, initiator, config):
+        """Both sides start from an ephemeral X25519 keypair with an Elligator2
+        representative, which depends on nothing: one pool for every config and role."""
+        return "obfs4 keypairs", generate_keypair
+
+    def __init__(self, initiator, config, prepared=None):
         self.initiator = initiator
         self.config = config
         self.iat_mode = config.iat_mode
         self.paced = self.iat_mode != IAT_NONE
-        keypair = config.keypairs() if config.keypairs else generate_keypair(config.randbytes)
-        self._priv, self._u, self._representative = keypair
+        self._prepared = prepared                   # a (x, X, X') made ahead, or None
+        self._priv = self._u = self._representative = None
         self._mac_key = config.public_key + config.node_id          # KEY = B | NODEID
         self._buffer = bytearray()
         self._peer_mark = None
@@ -766,7 +900,7 @@ class Obfs4:
         self._encoder = self._decoder = None
         if initiator:
             self.state = NEW
-            self.failure_linger = None
+            self.failure_linger = self.handshake_timeout = None
             self._search_from = REPRESENTATIVE_LENGTH + AUTH_LENGTH + SERVER_MIN_PAD_LENGTH
             # Our own random tables until the server's seed packet arrives (built lazily:
             # with obfs4proxy or us as the server, the seed comes with the reply).
@@ -774,12 +908,32 @@ class Obfs4:
             self._len_dist = self._iat_dist = None
         else:
             self.state = WAIT_HANDSHAKE
+            self.handshake_timeout = SERVER_HANDSHAKE_TIMEOUT
             self.failure_linger = SERVER_HANDSHAKE_TIMEOUT + config.close_delay
             self._len_dist, self._iat_dist = config.len_dist, config.iat_dist
 
     @property
     def is_open(self):
         return self.state == OPEN
+
+    def failure_hint(self, kind):
+        """What to check after a failed handshake, in a user's words: a parenthesised
+        clause for the core to put after its own ("timed out", the error). ``kind`` is
+        "protocol", "timeout" or "closed". A wrong cert= shows on the client as a
+        timeout: the bridge answers nothing to a client that does not know its cert."""
+        return self.HINTS.get((self.initiator, kind), "")
+
+    def _make_keypair(self):
+        """x, X and X' (client) or y, Y and Y' (server): the pooled item, else the
+        config's supplier, else fresh from config.randbytes. Called once, by start()
+        or by the receive() that accepts the client's handshake."""
+        if self._prepared is not None:
+            keypair, self._prepared = self._prepared, None
+        elif self.config.keypairs:
+            keypair = self.config.keypairs()
+        else:
+            keypair = generate_keypair(self.config.randbytes)
+        self._priv, self._u, self._representative = keypair
 
     def start(self):
         """Client: X' | P_C | M_C | MAC_C (§2.3), remembering the E string it used."""
@@ -788,6 +942,7 @@ class Obfs4:
         if self.state != NEW:
             raise RuntimeError("obfs4: start() called twice")
         config = self.config
+        self._make_keypair()                                             # x, X, X'
         pad_length = config.pad_length(CLIENT_MIN_PAD_LENGTH, CLIENT_MAX_PAD_LENGTH)
         mark = h16(self._mac_key, self._representative)                  # M_C = H16(KEY, X')
         head = self._representative + config.randbytes(pad_length) + mark
@@ -857,11 +1012,14 @@ class Obfs4:
         # 6. Nothing may follow MAC_C.
         if len(buffer) != pos + MARK_LENGTH + MAC_LENGTH:
             raise ProtocolError("bytes after MAC_C")
-        # 7. X = ell2_direct(X'); ntor, server side.
+        # 7. X = ell2_direct(X'); our y, Y, Y' (only now: a prober costs no key work);
+        #    ntor, server side.
         x_u = elligator2_direct(bytes(buffer[:REPRESENTATIVE_LENGTH]))
+        self._make_keypair()
         identity = self.config.identity
         key_seed, auth = server_ntor(self._priv, self._u, x_u, identity.private_key,
                                      identity.public_key, identity.node_id)
+        self._priv = None                                                # y is needed no more
         okm = kdf(key_seed)
         self._encoder = FrameEncoder(okm[DIRECTION_KEY_LENGTH:])         # server -> client
         self._decoder = FrameDecoder(okm[:DIRECTION_KEY_LENGTH], self.config.randbelow)
@@ -901,6 +1059,7 @@ class Obfs4:
         y_u = elligator2_direct(bytes(buffer[:REPRESENTATIVE_LENGTH]))
         key_seed, auth = client_ntor(self._priv, self._u, y_u, self.config.public_key,
                                      self.config.node_id)
+        self._priv = None                                                # x is needed no more
         if not hmac.compare_digest(auth, buffer[REPRESENTATIVE_LENGTH:REPRESENTATIVE_LENGTH + AUTH_LENGTH]):
             raise ProtocolError("bad AUTH: this is not the bridge of the cert")
         # 5. Keys; everything after MAC_S is the server's frame stream.
@@ -960,8 +1119,12 @@ class Obfs4:
                               for i in range(0, len(view), MAX_PACKET_PAYLOAD_LENGTH))]
 
     def _padding_packets(self, burst_length, target):
-        return [make_packet(PACKET_TYPE_PAYLOAD, b"", padding)
-                for padding in pad_burst(burst_length, target)]
+        return self._padding_packets_of(pad_burst(burst_length, target))
+
+    @staticmethod
+    def _padding_packets_of(paddings):
+        """Empty type-0 packets with these numbers of zero bytes (frames of n + 21 bytes)."""
+        return [make_packet(PACKET_TYPE_PAYLOAD, b"", padding) for padding in paddings]
 
     def send(self, plaintext):
         """One burst (§2.10): data frames, then padBurst to a lenDist target; sealed in one
@@ -982,6 +1145,27 @@ class Obfs4:
         2: no burst padding; each piece is exactly a lenDist sample t: when fewer than t
            bytes are left, padBurst them to t; if that took two frames, sample again.
            A sample of 0 is drawn again (obfs4proxy panics there, erratum 14).
+
+        The bound on mode 2's work (stress-3 fuzz finding 1). With r bytes left and
+        1 <= t - r <= 21, padBurst's two-frame quirk adds 1448 + (t - r) + 21 bytes and
+        sampling starts again. In a table whose only length v has 1469 mod v in
+        v - 21 .. v - 1 (110 of the 1448 lengths, e.g. 2..21 but 13, 211, 735..745: about
+        one bridge in 1,400) every v-piece leaves 1469 mod v bytes and the quirk comes
+        back forever: the old loop never returned and grew without bound. obfs4proxy has
+        the same loop but writes each piece as it goes, so it streams padding forever
+        instead, and that connection never carries another byte of data.
+        We take at most PACED_QUIRK_LIMIT (32) quirks in one write, none in such a
+        one-length table; at the next one the bytes left and one padding frame (two past
+        1448 bytes) make the fewest whole pieces of the sample t in hand (``_paced_ending``).
+        Every piece is still a table length and the peer decodes the same data; a write
+        is at most its frames + 32 x 1490 + 1468 bytes.
+        Why the bound changes no write that ends today, in practice: until the 33rd quirk
+        the code, its draws and its bytes are the old ones; a one-length table that loops
+        never ends; and the chance of a 33rd quirk is negligible for every table that
+        ends. Computed exactly (a Markov chain over the bytes left, with each table's
+        alias weights) for 20,000 random bridge identities, the worst such table needs
+        more than 32 quirks in 1.3e-14 of its writes (more than 16 in 1.2e-7), the median
+        table in 2e-50; the worst ones mix the looping lengths (87% 245, 13% 295).
         """
         packets = self._data_packets(plaintext)
         if not packets:
@@ -992,22 +1176,44 @@ class Obfs4:
             burst = self._encoder.encode_packets(packets)
             return [(burst[i:i + MAXIMUM_SEGMENT_LENGTH], self._iat_delay())
                     for i in range(0, len(burst), MAXIMUM_SEGMENT_LENGTH)]
-        buffer, pos, pieces = bytearray(self._encoder.encode_packets(packets)), 0, []
+        buffer, pos, pieces, quirks = bytearray(self._encoder.encode_packets(packets)), 0, [], 0
+        limit = paced_quirk_limit(self._length_dist())
         while pos < len(buffer):
             target = self._nonzero_length()
-            if len(buffer) - pos < target:
-                buffer += self._encoder.encode_packets(self._padding_packets(len(buffer) - pos, target))
-                if len(buffer) - pos != target:
+            left = len(buffer) - pos
+            if left < target:
+                padding = pad_burst(left, target)
+                if len(padding) == 2:                   # the quirk: 1448 + pad + 21 bytes
+                    if quirks == limit:
+                        return pieces + self._paced_ending(buffer, pos, target)
+                    quirks += 1
+                buffer += self._encoder.encode_packets(self._padding_packets_of(padding))
+                if len(padding) == 2:                   # now more than t bytes: sample again
                     continue
             pieces.append((bytes(buffer[pos:pos + target]), self._iat_delay()))
             pos += target
         return pieces
 
+    def _paced_ending(self, buffer, pos, target):
+        """The rest of an iat-mode 2 write once PACED_QUIRK_LIMIT quirks are spent: the
+        ``left`` bytes and padding frames (21..target + 20 bytes: one frame, or two when
+        over 1448) make the fewest whole pieces of ``target``, the sample in hand."""
+        left = len(buffer) - pos
+        copies = -(-(left + HEADER_LENGTH) // target)   # room for at least one frame
+        fill = copies * target - left                    # HEADER_LENGTH .. target + 20
+        frames = [fill] if fill <= MAXIMUM_SEGMENT_LENGTH else [fill - HEADER_LENGTH, HEADER_LENGTH]
+        buffer += self._encoder.encode_packets(self._padding_packets_of([n - HEADER_LENGTH for n in frames]))
+        return [(bytes(buffer[i:i + target]), self._iat_delay()) for i in range(pos, len(buffer), target)]
+
     def _nonzero_length(self):
+        """A lenDist sample other than 0, drawn again while it is 0 (obfs4proxy panics
+        there: any answer is ours), at most ZERO_DRAW_LIMIT times; then the table's
+        largest value, so that a table weighted almost all on 0 costs bounded work."""
         dist = self._length_dist()
         if not any(dist.values):                # a table of only 0: no sample would do
             return MAXIMUM_SEGMENT_LENGTH
-        while True:
+        for _ in range(ZERO_DRAW_LIMIT):
             target = self.config.sample(dist)
             if target:
                 return target
+        return max(dist.values)                 # lenDist has lo = 0: values are lengths

@@ -28,24 +28,35 @@ What a ``Pool`` promises::
 
 The proxy (proxy.py) owns the pools and tells them when it is idle; the
 transports (transports.py) say what an item is and how a connection uses one.
-``OBFSPROXY_POOL_SIZE`` (default ``DEFAULT_SIZE``) sets the size; 0 turns the
-pools off, which is how the benchmark measures what they buy.
+``OBFSPROXY_POOL_SIZE`` (default ``DEFAULT_SIZE``, at most ``MAX_SIZE``) sets the
+size; 0 turns the pools off, which is how the benchmark measures what they buy.
 """
 
 import os
+import re
 import threading
 from collections import deque
 
 DEFAULT_SIZE = 16
+MAX_SIZE = 4096        # items per pool: ~4 s of obfs3 key work to fill, a few MB at most
 IDLE_POLL_MIN = 0.005  # seconds before the refiller looks again at a busy owner, doubling ...
 IDLE_POLL_MAX = 0.5    # ... up to this
 LINGER = 2.0           # seconds a full pool's refill thread waits for a take() before ending
 
 
 def configured_size(environ=os.environ):
-    """Pool size from OBFSPROXY_POOL_SIZE (a whole number >= 0), else DEFAULT_SIZE."""
+    """Pool size from OBFSPROXY_POOL_SIZE: ASCII digits, 0..MAX_SIZE; unset or empty:
+    DEFAULT_SIZE. Anything else is a ValueError naming the variable, raised at start-up,
+    rather than a silent DEFAULT_SIZE: someone set it on purpose (the benchmark sets 0),
+    and a value we cannot honour ("l6", "²", "-1") should be seen, as a bad command-line
+    option is. (str.isdigit() took "²", which int() then refused naming nothing.)"""
     text = environ.get("OBFSPROXY_POOL_SIZE", "")
-    return int(text) if text.isdigit() else DEFAULT_SIZE
+    if not text:
+        return DEFAULT_SIZE
+    if not (re.fullmatch(r"[0-9]{1,9}", text) and int(text) <= MAX_SIZE):
+        raise ValueError("OBFSPROXY_POOL_SIZE must be a whole number in 0..%d, not %r"
+                         % (MAX_SIZE, text if len(text) <= 20 else text[:20] + "..."))
+    return int(text)
 
 
 class Pool:

@@ -14,6 +14,7 @@ Layout of the peer's handshake message, as the reference builds it::
 
 import hashlib
 import random
+import re
 import struct
 
 import pytest
@@ -527,6 +528,92 @@ def test_empty_shared_secret_means_no_secret():
     assert make_side(True, 2, shared_secret="").start() == \
         ref_message(INIT_SEED, ref_mac(INIT_PAD, INIT_SEED), 2, filler(2, salt=1))
     assert make_side(True, 2, shared_secret=b"").start() == make_side(True, 2).start()
+
+
+# --- The contract's other members -------------------------------------------------
+
+def test_contract_members():
+    assert obfs2.Obfs2.secret_options == ("shared-secret",)        # never logged
+    assert obfs2.Obfs2.uses_state_dir is False and obfs2.Obfs2.handshake_timeout is None
+    assert obfs2.Obfs2.expensive is False
+    assert obfs2.Obfs2.client_config({}).notes == ()
+    assert obfs2.Obfs2.server_config({"shared-secret": "x"})[0].notes == ()
+
+
+def test_a_wrong_magic_is_the_error_and_the_hint_says_what_to_check():
+    initiator = make_side(True, 0, shared_secret="one", hash_iterations=5)
+    responder = make_side(False, 0, shared_secret="two", hash_iterations=5)
+    with pytest.raises(obfs2.ProtocolError) as error:
+        responder.receive(initiator.start())
+    assert re.fullmatch(r"invalid magic value 0x[0-9a-f]{8}", str(error.value))
+    hint = "(wrong protocol, or a different shared secret)"
+    assert responder.failure_hint("protocol") == initiator.failure_hint("protocol") == hint
+    assert initiator.failure_hint("closed") == hint      # a secret responder just closes
+    assert initiator.failure_hint("timeout") == "(is it an obfs2 server?)"
+    assert responder.failure_hint("timeout") == ""
+
+
+# --- Options ----------------------------------------------------------------------
+
+def test_options_make_the_config_and_the_announce():
+    config, announce = obfs2.Obfs2.server_config({"shared-secret": "pw", "ss-hash-iterations": "0010"})
+    assert (config.shared_secret, config.hash_iterations) == (b"pw", 10)
+    assert announce == {"shared-secret": "pw", "ss-hash-iterations": "10"}
+    assert obfs2.Obfs2.client_config({}).hash_iterations == obfs2.HASH_ITERATIONS
+
+
+def test_unknown_options_are_refused_naming_them_and_the_accepted_ones():
+    with pytest.raises(ValueError) as error:
+        obfs2.Obfs2.client_config({"cert": "x", "iat-mode": "0"})
+    assert str(error.value) == ("unknown obfs2 argument(s): cert, iat-mode "
+                                "(obfs2 takes shared-secret, ss-hash-iterations)")
+
+
+@pytest.mark.parametrize("text", ["\u00b2", "\u2082", "\u2460", "\u0661\u0660", "1" * 5000, "0", "10000001",
+                                  "-1", "+5", " 5", "5 ", "", "1e3", "0x10"],
+                         ids=["superscript 2", "subscript 2", "circled 1", "Arabic-Indic 10",
+                              "5000 digits", "0", "over the bound", "-1", "+5", "leading space",
+                              "trailing space", "empty", "1e3", "hex"])
+def test_ss_hash_iterations_takes_ascii_digits_within_the_bound(text):
+    """str.isdigit() took the first three and int() refused them ("invalid literal for
+    int()", naming no option); int() took Arabic-Indic digits as 10; over 4300 digits
+    int() refuses too. Every one is a ValueError naming the option and its range."""
+    with pytest.raises(ValueError) as error:
+        obfs2.Obfs2.client_config({"ss-hash-iterations": text})
+    assert str(error.value).startswith("ss-hash-iterations must be a whole number in 1..10000000, not ")
+    assert len(str(error.value)) < 120
+
+
+# --- The first message made ahead (pool.py) ------------------------------------------
+
+@pytest.mark.parametrize("secret", [None, b"s3cret"])
+@pytest.mark.parametrize("initiator", [True, False])
+def test_a_prepared_side_sends_the_prepared_message_and_talks(secret, initiator):
+    config = obfs2.Config(secret, hash_iterations=10)
+    recipe = obfs2.Obfs2.prepare(initiator, config)
+    if secret and not initiator:
+        assert recipe is None            # a secret responder answers only checked initiators
+        return
+    key, make = recipe
+    seed, padlen, message = prepared = make()
+    side = obfs2.Obfs2(initiator, config, prepared=prepared,
+                       randbytes=lambda n: pytest.fail("a prepared side draws no seed"))
+    assert side.seed == seed and side.padlen == padlen and side.start() == message
+    assert message[:16] == seed and len(message) == 24 + padlen
+    other = obfs2.Obfs2(not initiator, config)
+    connect(*((side, other) if initiator else (other, side)))
+    assert other.receive(side.send(b"ping")) == b"ping"
+    assert side.receive(other.send(b"pong")) == b"pong"
+
+
+def test_prepared_pools_are_per_role_secret_and_rounds():
+    keys = {obfs2.Obfs2.prepare(initiator, obfs2.Config(secret, rounds))[0]
+            for initiator in (True, False) for secret in (None, b"a", b"b") for rounds in (10, 11)
+            if obfs2.Obfs2.prepare(initiator, obfs2.Config(secret, rounds))}
+    assert keys == {("obfs2 first messages", True, secret, rounds) for secret in (None, b"a", b"b")
+                    for rounds in (10, 11)} | {("obfs2 first messages", False, None, rounds)
+                                               for rounds in (10, 11)}
+    assert obfs2.Obfs2.prepare(True, None)[0] == ("obfs2 first messages", True, None, obfs2.HASH_ITERATIONS)
 
 
 # --- API misuse ---------------------------------------------------------------------

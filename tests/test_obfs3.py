@@ -441,9 +441,14 @@ def test_magic_at_the_limit_8194_accepted(split):
     assert responder.peer_padding == 8194
 
 
+NO_MAGIC = ("no peer magic within the 8226 bytes after its public value "
+            "(its paddings may total 8194 bytes at most)")
+
+
 def test_magic_at_8195_rejected():
-    with pytest.raises(obfs3.ProtocolError, match="8195"):
+    with pytest.raises(obfs3.ProtocolError) as error:
         responder_fed(8195, b"too late")
+    assert str(error.value) == NO_MAGIC
 
 
 def test_magic_at_8195_rejected_when_fed_byte_by_byte():
@@ -508,8 +513,10 @@ def test_any_padding_length_opens_or_fails_by_the_limit(junk_length, sizes):
     try:
         for chunk in chunks:
             out += responder.receive(chunk)
-    except obfs3.ProtocolError:
-        assert junk_length > 8194
+    except obfs3.ProtocolError as error:
+        # The same outcome and the same reason for every split (it was "no peer magic in
+        # the 8368 bytes" in one split, "8323" in another, "starts 8195 bytes" in a third).
+        assert junk_length > 8194 and str(error) == NO_MAGIC
         return
     assert junk_length <= 8194 and out == b"payload"
 
@@ -597,9 +604,55 @@ def test_transport_attributes_and_configs():
     assert obfs3.Obfs3.ProtocolError is obfs3.ProtocolError
     assert issubclass(obfs3.ProtocolError, Exception)
     assert obfs3.Obfs3.expensive is True
-    assert isinstance(obfs3.Obfs3.client_config({"shared-secret": "ignored"}), obfs3.Obfs3Config)
+    assert obfs3.Obfs3.handshake_timeout is None and obfs3.Obfs3.secret_options == ()
+    assert obfs3.Obfs3.uses_state_dir is False
+    assert not hasattr(obfs3, "HANDSHAKE_TIMEOUT")        # the core's deadline, not ours
+    assert isinstance(obfs3.Obfs3.client_config({}), obfs3.Obfs3Config)
     config, announce = obfs3.Obfs3.server_config({}, None)
-    assert isinstance(config, obfs3.Obfs3Config) and announce == {}
+    assert isinstance(config, obfs3.Obfs3Config) and announce == {} and config.notes == ()
+
+
+@pytest.mark.parametrize("make", [obfs3.Obfs3.client_config,
+                                  lambda options: obfs3.Obfs3.server_config(options, None)],
+                         ids=["client", "server"])
+def test_arguments_are_refused_not_ignored(make):
+    """obfs4proxy ignores them; a user who put obfs4's cert= and iat-mode= on an obfs3
+    bridge line then waited 30 s for a timeout. Now it is said at once."""
+    with pytest.raises(ValueError) as error:
+        make({"iat-mode": "0", "cert": "AAAA"})
+    assert str(error.value) == "obfs3 takes no arguments (got cert, iat-mode)"
+
+
+def test_failure_hints():
+    client, server = make_side(True), make_side(False)
+    assert client.failure_hint("protocol") == "(is it an obfs3 server?)"
+    assert client.failure_hint("timeout").startswith("(is it an obfs3 server?")
+    assert "prober" in server.failure_hint("protocol")
+    assert server.failure_hint("closed") == "" and client.failure_hint("other") == ""
+
+
+def test_a_prepared_keypair_comes_first_and_talks():
+    key, make = obfs3.Obfs3.prepare(True, obfs3.Obfs3Config())
+    assert key == "obfs3 keypairs" and obfs3.Obfs3.prepare(False, None)[0] == key
+    config = obfs3.Obfs3Config(keypairs=lambda: pytest.fail("the prepared keypair comes first"))
+    pooled = make()
+    side = obfs3.Obfs3(True, config, prepared=pooled)
+    flight = side.start()
+    assert flight[:192] == pooled[1] == side.public
+    peer = obfs3.Obfs3(False, prepared=make())
+    peer_flight = peer.start()
+    assert peer.receive(flight) == b"" and side.receive(peer_flight) == b""
+    assert peer.receive(side.send(b"up")) == b"up"
+    assert side.receive(peer.send(b"down")) == b"down"
+
+
+def test_the_constructor_does_no_key_work():
+    """The core serialises start() and receive() only: the keypair is made in start()."""
+    drawn = []
+    side = obfs3.Obfs3(True, obfs3.Obfs3Config(keypairs=lambda: drawn.append(1) or (X_PRIV, X_PUB)))
+    assert drawn == []
+    side.start()
+    assert drawn == [1]
 
 
 def test_default_config_draws_paddings_from_secrets_and_keys_from_randbytes(monkeypatch):

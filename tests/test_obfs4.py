@@ -15,6 +15,7 @@ The client handshake, as the session vector lays it out::
 import hashlib
 import hmac
 import os
+import random
 import stat
 import threading
 
@@ -369,16 +370,48 @@ def test_client_keeps_the_E_it_sent():
     assert client.is_open
 
 
-def test_ephemeral_keys_are_made_in_the_constructor():
+def test_ephemeral_keys_are_made_in_start_and_in_the_accepting_receive():
+    """Key generation is the work the core serialises (start() and receive()), so the
+    constructor makes none; a server makes its keypair only for a handshake that
+    verified, so a prober costs it none."""
     drawn = []
     config = obfs4.Obfs4.client_config({"cert": CERT, "iat-mode": "0"})
-    config.keypairs = lambda: drawn.append(1) or CLIENT_KEYPAIR
-    obfs4.Obfs4(True, config)
-    assert drawn == [1]
+    config.keypairs = lambda: drawn.append("client") or CLIENT_KEYPAIR
+    config.pad_length, config.randbytes, config.clock = (lambda lo, hi: 100), filler, at_hour(E)
+    client = obfs4.Obfs4(True, config)
     server_config = obfs4.ServerConfig(identity())
-    server_config.keypairs = lambda: drawn.append(2) or SERVER_KEYPAIR
-    obfs4.Obfs4(False, server_config)
-    assert drawn == [1, 2]
+    server_config.keypairs = lambda: drawn.append("server") or SERVER_KEYPAIR
+    server_config.clock = at_hour(E)
+    server, prober = obfs4.Obfs4(False, server_config), obfs4.Obfs4(False, server_config)
+    assert drawn == []
+    hello = client.start()
+    assert drawn == ["client"] and hello[:32] == CLIENT_KEYPAIR[2]
+    assert prober.receive(hello[:100]) == b"" and drawn == ["client"]      # no mark yet
+    assert_fails(prober, os.urandom(8192))
+    assert drawn == ["client"]
+    assert server.receive(hello) == b"" and drawn == ["client", "server"]
+    assert server.data_to_send()[:32] == SERVER_KEYPAIR[2]
+
+
+def test_a_prepared_keypair_comes_before_the_configs_and_is_used_once():
+    key, make = obfs4.Obfs4.prepare(True, None)
+    assert key == "obfs4 keypairs" and obfs4.Obfs4.prepare(False, None)[0] == key
+    config = obfs4.Obfs4.client_config({"cert": CERT, "iat-mode": "0"})
+    config.keypairs = lambda: pytest.fail("the prepared keypair comes first")
+    pooled = make()
+    client = obfs4.Obfs4(True, config, prepared=pooled)
+    hello = client.start()
+    assert hello[:32] == pooled[2]                          # X' on the wire is the pooled one
+    server_config = obfs4.ServerConfig(identity())
+    pooled = make()
+    server = obfs4.Obfs4(False, server_config, prepared=pooled)
+    assert server.receive(hello) == b""
+    reply = server.data_to_send()
+    assert reply[:32] == pooled[2]                          # and Y'
+    assert client.receive(reply) == b""
+    assert server.receive(client.send(b"ping")) == b"ping"
+    assert client.receive(server.send(b"pong")) == b"pong"
+    assert server_config.keypairs is None                   # the listener's config is untouched
 
 
 def test_default_randomness_talks():
@@ -508,6 +541,30 @@ def test_failure_linger_is_30_s_plus_the_close_delay():
         assert obfs4.Obfs4(False, config).failure_linger == 30 + case["close_delay_s"]
         assert 30 + case["close_delay_s"] == case["measured_close_s"]
     assert make_client().failure_linger is None
+
+
+def test_contract_members_by_side():
+    client, server = make_client(), make_server()
+    assert obfs4.Obfs4.secret_options == () and obfs4.Obfs4.uses_state_dir is True
+    assert obfs4.Obfs4.handshake_timeout is None
+    # The server's deadline is obfs4proxy's 30 s whatever --handshake-timeout says: a
+    # prober must see the same timing as from obfs4proxy. The client's is the core's.
+    assert server.handshake_timeout == 30 and client.handshake_timeout is None
+    assert not hasattr(obfs4, "CLIENT_HANDSHAKE_TIMEOUT")          # never enforced: gone
+    assert client.config.notes == () and server.config.notes == ()
+
+
+def test_failure_hints_name_the_wrong_cert():
+    client, server = make_client(), make_server()
+    # A wrong cert= gets silence, so on the client it is a timeout, and the hint says so.
+    assert "wrong cert=" in client.failure_hint("timeout")
+    assert "stays silent" in client.failure_hint("timeout")
+    assert client.failure_hint("protocol") == "(is it an obfs4 server? the right cert?)"
+    assert "wrong cert=" in client.failure_hint("closed")
+    for kind in ("protocol", "timeout", "closed"):
+        assert server.failure_hint(kind) == "(a prober, or a client with a wrong cert)"
+        assert client.failure_hint(kind).startswith("(") and client.failure_hint(kind).endswith(")")
+    assert client.failure_hint("something else") == ""
 
 
 # --- Client: what it rejects -----------------------------------------------------------
@@ -842,6 +899,227 @@ def test_iat_mode_2_survives_a_table_of_only_zero():
     assert client.receive(b"".join(p for p, _ in pieces)) == b"data"
 
 
+# --- iat-mode 2: bounded work per write (stress-3 fuzz finding 1) ---------------------------
+
+# Two bridge identities whose length tables are one looping value: 1469 mod v is 1..21
+# bytes short of v, so after one two-frame quirk the old loop quirked forever.
+LOOPING_SEEDS = {"1edefc61be562612cb72ffc52eaffa40897b1b9338f42f96": 7,
+                 "c45ba75fe5c9715ef9dd6ea024b5b524af811a6ab9a91951": 211}
+QUIRK_BYTES = 1448 + 21 + 21           # the most one quirk adds
+ENDING_BYTES = 1448 + 20               # the most the last padding adds
+
+
+class Budget:
+    """A sampler that fails the test after ``draws`` draws instead of letting a loop
+    that never ends (the old iat-mode 2 code) hang it and eat memory."""
+
+    def __init__(self, sample, draws=200000):
+        self.sample, self.left = sample, draws
+
+    def __call__(self, dist):
+        self.left -= 1
+        assert self.left >= 0, "send_paced keeps sampling: it does not end"
+        return self.sample(dist)
+
+
+class Table:
+    """A stand-in lenDist (lo = 0, hi = 1448) with these values."""
+
+    def __init__(self, *values):
+        self.values, self.hi = list(values), 1448
+
+
+def frame_bytes(size):
+    """The data frames of a write of ``size`` bytes: + 21 per frame of <= 1427 bytes."""
+    return size + 21 * -(-size // 1427)
+
+
+def old_send_paced(side, plaintext, max_quirks=200):
+    """The iat-mode 2 loop before the bound, step for step (§6.4 as written): the
+    pieces, or None once it took more than ``max_quirks`` quirks (it may never end)."""
+    buffer = bytearray(side._encoder.encode_packets(side._data_packets(plaintext)))
+    pos, pieces, quirks = 0, [], 0
+    while pos < len(buffer):
+        target = side._nonzero_length()
+        if len(buffer) - pos < target:
+            buffer += side._encoder.encode_packets(side._padding_packets(len(buffer) - pos, target))
+            if len(buffer) - pos != target:
+                quirks += 1
+                if quirks > max_quirks:
+                    return None
+                continue
+        pieces.append((bytes(buffer[pos:pos + target]), side._iat_delay()))
+        pos += target
+    return pieces
+
+
+def paranoid_session_pair():
+    """The session vector's pair in iat-mode 2, open: two of them are byte-identical."""
+    client, server = make_client(iat_mode=2), make_server(iat_mode=2)
+    connect(client, server)
+    return client, server
+
+
+def paced_pair(seed):
+    """Our client and server, real configs, for a bridge with this drbg-seed in iat-mode 2."""
+    bridge = obfs4.Identity(bytes(20), bytes(range(32)), hx(seed), 2)
+    server_config = obfs4.ServerConfig(bridge)
+    client_config = obfs4.Obfs4.client_config({"cert": bridge.cert, "iat-mode": "2"})
+    for config in (server_config, client_config):
+        config.sample = Budget(obfs4.sample_table)
+    client, server = obfs4.Obfs4(True, client_config), obfs4.Obfs4(False, server_config)
+    assert server.receive(client.start()) == b""
+    assert client.receive(server.data_to_send()) == b""
+    return client, server
+
+
+@pytest.mark.parametrize("size", [5, 169, 400, 1427, 3000])
+@pytest.mark.parametrize("seed", list(LOOPING_SEEDS))
+def test_iat_mode_2_bridges_whose_table_looped_end_every_write(seed, size):
+    """The repro: such a bridge as our server, a handshake, then send_paced(b"hello")
+    never returned; our client against it did the same on its first write (it takes
+    the bridge's table from the seed frame). Both ways now end, with table-sized pieces
+    the peer decodes, and no quirk at all in a table that can only loop."""
+    v = LOOPING_SEEDS[seed]
+    client, server = paced_pair(seed)
+    assert server.config.len_dist.values == [v] and obfs4.quirk_loops_forever(v)
+    message = filler(size, size)
+    for sender, receiver in ((server, client), (client, server)):
+        pieces = sender.send_paced(message)
+        assert {len(piece) for piece, _ in pieces} == {v}
+        wire = b"".join(piece for piece, _ in pieces)
+        assert len(wire) <= frame_bytes(size) + ENDING_BYTES
+        assert receiver.receive(wire) == message
+    assert client.send_paced(b"hello") and server.send_paced(b"hello")      # the fuzzer's write
+
+
+def test_the_looping_lengths_are_the_110_of_the_finding():
+    looping = [v for v in range(1, 1449) if obfs4.quirk_loops_forever(v)]
+    assert len(looping) == 110
+    assert looping[:12] == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14]           # 13 divides 1469
+    assert {210, 211, 212, 735, 745} <= set(looping) and 13 not in looping and 1448 not in looping
+    assert obfs4.paced_quirk_limit(Table(0, 7)) == 0                           # 0 is drawn again
+    assert obfs4.paced_quirk_limit(Table(7, 14)) == obfs4.PACED_QUIRK_LIMIT == 32
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(v=st.integers(1, 1448), size=st.integers(1, 6000))
+def test_iat_mode_2_with_any_one_value_table_ends_and_the_peer_decodes(v, size):
+    """Every one-value table: the write ends, its pieces are all v, its size is bounded,
+    the peer decodes exactly the plaintext; and wherever the old loop ended, the bytes
+    are the old ones (two identical sessions, the old loop on one)."""
+    message = filler(size, v)
+    (client, server), (_, old_server) = paranoid_session_pair(), paranoid_session_pair()
+    for side in (server, old_server):
+        side._len_dist = Table(v)
+        side.config.sample = Budget(lambda dist: dist.values[0] if dist.hi == 1448 else 3)
+    pieces = server.send_paced(message)
+    wire = b"".join(piece for piece, _ in pieces)
+    assert {len(piece) for piece, _ in pieces} == {v}
+    assert len(wire) <= frame_bytes(size) + QUIRK_BYTES + ENDING_BYTES
+    assert client.receive(wire) == message
+    old = old_send_paced(old_server, message, max_quirks=2)     # one value: 0 or 1, or forever
+    if old is not None:
+        assert old == pieces
+    else:
+        assert obfs4.quirk_loops_forever(v)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(table=st.dictionaries(st.integers(1, 1448) | st.sampled_from([7, 14, 211, 245, 295, 740]),
+                             st.integers(1, 1000), min_size=2, max_size=5),
+       size=st.integers(1, 6000), seed=st.integers(0, 2 ** 32))
+def test_iat_mode_2_with_several_lengths_is_the_old_loop_until_the_bound(table, size, seed):
+    """Random weighted tables, often of looping lengths: the same bytes as the old loop
+    whenever it ended within PACED_QUIRK_LIMIT quirks; always an end, table-sized
+    pieces, bounded size, the plaintext at the peer."""
+    values, weights = list(table), list(table.values())
+    message = filler(size, seed % 256)
+    runs = []
+    for _ in range(2):
+        client, server = paranoid_session_pair()
+        rng = random.Random(seed)                 # both sessions draw the same lengths
+        server._len_dist = Table(*values)
+        server.config.sample = Budget(
+            lambda dist, rng=rng: rng.choices(values, weights)[0] if dist.hi == 1448 else 3)
+        runs.append((client, server))
+    (client, server), (_, old_server) = runs
+    pieces = server.send_paced(message)
+    wire = b"".join(piece for piece, _ in pieces)
+    assert {len(piece) for piece, _ in pieces} <= set(values)
+    assert len(wire) <= frame_bytes(size) + obfs4.PACED_QUIRK_LIMIT * QUIRK_BYTES + ENDING_BYTES
+    assert client.receive(wire) == message
+    old = old_send_paced(old_server, message, max_quirks=obfs4.PACED_QUIRK_LIMIT)
+    if old is not None:
+        assert old == pieces
+
+
+def test_a_table_of_looping_lengths_stops_at_the_bound():
+    """{7, 14} loops forever too (every piece keeps 1469 mod 7 = 6): 32 quirks, then the
+    ending, whatever the draws."""
+    client, server = paranoid_session_pair()
+    server._len_dist = Table(7, 14)
+    draws = iter([7, 14] * 5000)
+    server.config.sample = Budget(lambda dist: next(draws) if dist.hi == 1448 else 3)
+    pieces = server.send_paced(b"hello")
+    wire = b"".join(piece for piece, _ in pieces)
+    assert {len(piece) for piece, _ in pieces} <= {7, 14}
+    assert frame_bytes(5) + 32 * 1448 < len(wire) <= frame_bytes(5) + 32 * QUIRK_BYTES + ENDING_BYTES
+    assert client.receive(wire) == b"hello"
+
+
+def test_a_table_that_draws_only_zero_gets_its_largest_length_after_64_draws():
+    """0 is drawn again (obfs4proxy panics on it); a sampler that keeps drawing 0 from a
+    table that has other lengths gets the largest after ZERO_DRAW_LIMIT draws."""
+    client, server = paranoid_session_pair()
+    server._len_dist = Table(0, 40, 90)
+    drawn = []
+    server.config.sample = Budget(lambda dist: drawn.append(0) or 0 if dist.hi == 1448 else 3)
+    pieces = server.send_paced(b"hello")
+    assert {len(piece) for piece, _ in pieces} == {90}
+    assert len(drawn) == obfs4.ZERO_DRAW_LIMIT * len(pieces) == 64
+    assert client.receive(b"".join(piece for piece, _ in pieces)) == b"hello"
+
+
+def quirk_chain_tail(lengths, quirks):
+    """max over the states right after a quirk of P(at least ``quirks`` more quirks in this
+    write), for a table {length: probability}: the exact Markov chain over the bytes left
+    (what the docstring's figures come from, there over 20,000 random tables)."""
+    items = sorted(lengths.items())
+    starts = [t + 1469 for t, _ in items]
+    step = []                                       # step[a][b]: next quirk is b, from a
+    for start in starts:
+        visits = [0.0] * (start + 1)
+        visits[start] = 1.0
+        for left in range(start, 0, -1):
+            if visits[left]:
+                for t, p in items:
+                    if t <= left:
+                        visits[left - t] += visits[left] * p
+        step.append([p * sum(visits[max(1, t - 21):t]) for t, p in items])
+    tail = [1.0] * len(items)
+    for _ in range(quirks):
+        tail = [sum(row[b] * tail[b] for b in range(len(items))) for row in step]
+    return max(tail)
+
+
+def test_the_worst_terminating_table_found_almost_never_reaches_the_bound():
+    """The worst of 20,000 random bridge tables that end (two looping lengths, 245 and
+    295): a write needs more than 32 quirks with a chance of about 1e-14; more than 16,
+    about 1e-7. Figures quoted in Obfs4.send_paced."""
+    dist = WeightedDist(hx("21a0d163d41af67e392fc5a89dee88c13788a50033a797d0"), 0, 1448)
+    n = len(dist.values)
+    mass = [0.0] * n
+    for i in range(n):                               # the alias tables' exact probabilities
+        mass[i] += dist.prob[i] / n
+        mass[dist.alias[i]] += (1.0 - dist.prob[i]) / n
+    lengths = dict(zip(dist.values, mass))
+    assert sorted(lengths) == [245, 295] and round(lengths[245], 2) == 0.87
+    assert 1e-15 < quirk_chain_tail(lengths, 32) < 2e-14
+    assert 1e-8 < quirk_chain_tail(lengths, 16) < 2e-7
+    assert quirk_chain_tail({7: 1.0}, 32) == 1.0                              # loops forever
+
+
 # --- State files (§5) ------------------------------------------------------------------
 
 def mode(path):
@@ -850,7 +1128,7 @@ def mode(path):
 
 def test_identity_from_options_writes_obfs4proxys_exact_files(tmp_path):
     v = STATE["identity_from_options"]
-    options = {"node-id": "11" * 20, "private-key": "21" * 32, "drbg-seed": "07" * 24, "unknown": "x"}
+    options = {"node-id": "11" * 20, "private-key": "21" * 32, "drbg-seed": "07" * 24}
     state_dir = tmp_path / "a" / "b" / "state"
     config, args = obfs4.Obfs4.server_config(options, state_dir)
     assert "cert=%s,iat-mode=%s" % (args["cert"], args["iat-mode"]) == v["smethod_args"]
@@ -920,6 +1198,104 @@ def test_fresh_state_from_the_csprng_and_reuse_keeps_the_cert(tmp_path):
     assert (tmp_path / "s" / "obfs4_bridgeline.txt").read_text().endswith(" iat-mode=2\n")
 
 
+@pytest.mark.parametrize("content", [b"[" * 2000, b"#(\x13" + b"[" * 2000, b'{"node-id":' + b"[" * 100000],
+                         ids=["2000 levels", "the fuzzer's input", "100000 levels in an object"])
+def test_a_deeply_nested_state_file_is_a_value_error(tmp_path, content):
+    """It raised RecursionError: the server died with a traceback, managed mode said
+    nothing (no SMETHOD-ERROR) and unmask crashed. The file is left as it was."""
+    (tmp_path / "obfs4_state.json").write_bytes(content)
+    with pytest.raises(ValueError, match="failed to load statefile"):
+        obfs4.Obfs4.server_config({}, tmp_path)
+    with pytest.raises(ValueError, match="failed to load statefile"):
+        obfs4.read_identity(tmp_path)
+    assert (tmp_path / "obfs4_state.json").read_bytes() == content
+    assert not (tmp_path / "obfs4_bridgeline.txt").exists()
+
+
+GOOD_STATE = '{"node-id":"%s","private-key":"%s","public-key":"","drbg-seed":"%s","iat-mode":%%s}' % (
+    "11" * 20, "21" * 32, "07" * 24)
+
+
+@pytest.mark.parametrize("content, iat_mode", [
+    (GOOD_STATE % 0, 0),
+    (GOOD_STATE % 2, 2),
+    (GOOD_STATE % "null", 0),                                    # null is Go's zero value
+    (GOOD_STATE.replace(',"iat-mode":%s', ""), 0),               # absent too
+    (GOOD_STATE.replace('"node-id"', '"NODE-ID"').replace('"drbg-seed"', '"Drbg-Seed"') % 1, 1),
+    (GOOD_STATE.replace("11" * 20, "AB" * 20) % 0, 0),           # hex in either case
+    (GOOD_STATE.replace('"public-key":""', '"public-key":"junk","extra":[1]') % 0, 0),
+], ids=["iat 0", "iat 2", "iat null", "iat absent", "names in any case", "upper-case hex",
+        "public-key and unknown names ignored"])
+def test_read_identity_reads_what_the_server_reads_and_writes_nothing(tmp_path, content, iat_mode):
+    path = tmp_path / "obfs4_state.json"
+    path.write_text(content)
+    os.utime(str(path), (1000000000, 1000000000))
+    identity = obfs4.read_identity(tmp_path)
+    assert identity.iat_mode == iat_mode
+    assert identity.private_key == hx("21" * 32) and identity.drbg_seed == hx("07" * 24)
+    assert path.read_text() == content and os.stat(str(path)).st_mtime == 1000000000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["obfs4_state.json"]
+    assert obfs4.Obfs4.server_config({}, tmp_path)[0].identity.cert == identity.cert   # the same
+
+
+@pytest.mark.parametrize("content", [
+    GOOD_STATE.replace("11" * 20, " " + "11" * 20) % 0,           # bytes.fromhex took spaces
+    GOOD_STATE.replace("11" * 20, "11" * 19) % 0,
+    GOOD_STATE.replace("21" * 32, "2g" * 32) % 0,
+    GOOD_STATE % 3,
+    GOOD_STATE % '"1"',
+    GOOD_STATE % "true",
+    GOOD_STATE % "1.0",
+    GOOD_STATE.replace('"drbg-seed":"%s",' % ("07" * 24), "") % 0,
+    "[]", '"text"', "", "\ufeff" + GOOD_STATE % 0,
+], ids=["hex with a space", "short node-id", "not hex", "iat 3", "iat a string", "iat true",
+        "iat 1.0", "no drbg-seed", "an array", "a string", "empty", "a BOM"])
+def test_read_identity_refuses_what_the_server_refuses(tmp_path, content):
+    (tmp_path / "obfs4_state.json").write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"failed to load statefile '.*obfs4_state\.json'"):
+        obfs4.read_identity(tmp_path)
+    with pytest.raises(ValueError):
+        obfs4.Obfs4.server_config({}, tmp_path)
+
+
+def test_read_identity_of_a_missing_or_unreadable_file_is_an_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        obfs4.read_identity(tmp_path / "nowhere")
+    assert not (tmp_path / "nowhere").exists()                   # nothing created
+    (tmp_path / "obfs4_state.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="failed to load statefile"):
+        obfs4.read_identity(tmp_path)                             # not UTF-8: not a state
+
+
+IDENTITY_OPTIONS = {"node-id": "11" * 20, "private-key": "21" * 32, "drbg-seed": "07" * 24}
+
+
+@pytest.mark.parametrize("before, options, replaced", [
+    (None, IDENTITY_OPTIONS, False),                              # nothing to replace
+    ("other", IDENTITY_OPTIONS, True),                            # another identity
+    ("not json", IDENTITY_OPTIONS, True),                         # an unreadable file
+    ("same", IDENTITY_OPTIONS, False),                            # the one a last run wrote
+    ("same", dict(IDENTITY_OPTIONS, **{"iat-mode": "1"}), True),  # same keys, other iat-mode
+    ("other", {}, False),                                         # no identity options: loaded
+], ids=["no file", "another identity", "unreadable", "the same", "another iat-mode", "no options"])
+def test_identity_options_that_replace_a_state_file_say_so(tmp_path, before, options, replaced):
+    """As obfs4proxy, explicit node-id, private-key and drbg-seed replace the state file,
+    even an unreadable one; unlike it, the config's notes say so (the core logs them)."""
+    path = tmp_path / "obfs4_state.json"
+    if before == "other":
+        path.write_text(GOOD_STATE.replace("11" * 20, "55" * 20) % 0)
+    elif before == "same":
+        obfs4.Obfs4.server_config(IDENTITY_OPTIONS, tmp_path)
+    elif before is not None:
+        path.write_text(before)
+    config, _ = obfs4.Obfs4.server_config(options, tmp_path)
+    if replaced:
+        assert config.notes == ("node-id, private-key and drbg-seed replaced the identity in %s" % path,)
+    else:
+        assert config.notes == ()
+    assert obfs4.read_identity(tmp_path).cert == config.identity.cert    # what is on disk now
+
+
 def parse_pt_options(text):
     """'obfs4:k=v;obfs4:k=v' -> {k: v} (the vector's TOR_PT_SERVER_TRANSPORT_OPTIONS)."""
     return dict(item.split(":", 1)[1].split("=", 1) for item in text.split(";"))
@@ -928,8 +1304,12 @@ def parse_pt_options(text):
 @pytest.mark.parametrize("case", STATE["option_errors"], ids=lambda c: c["options"])
 def test_option_errors_as_obfs4proxy_reports_them(tmp_path, case):
     options = parse_pt_options(case["options"].replace("<40 hex>", "ab" * 20))
-    if isinstance(case["stdout"], str):                  # unknown keys: a normal start
-        assert obfs4.Obfs4.server_config(options, tmp_path)[1]["iat-mode"] == "0"
+    if isinstance(case["stdout"], str):
+        # obfs4proxy ignores unknown keys (a normal start); we refuse them, naming them.
+        with pytest.raises(ValueError, match=r"^unknown obfs4 argument\(s\): foo \(an obfs4 server takes "
+                                             r"node-id, private-key, drbg-seed, iat-mode\)$"):
+            obfs4.Obfs4.server_config(options, tmp_path)
+        assert list(tmp_path.iterdir()) == []               # refused before any file is touched
         return
     message = case["stdout"][1][len("SMETHOD-ERROR obfs4 "):]
     with pytest.raises(ValueError) as error:
@@ -978,9 +1358,9 @@ def test_client_socks_args_vectors():
     assert obfs4.parse_client_args({"cert": CERT, "iat-mode": "0"}) == (NODE_ID, B, 0)
     assert cases["node-id=<40 hex>;public-key=<64 hex>;iat-mode=0"].startswith("success")
     assert obfs4.parse_client_args({"node-id": NODE_ID.hex(), "public-key": B.hex().upper(),
-                                    "iat-mode": "2", "extra": "ignored"}) == (NODE_ID, B, 2)
+                                    "iat-mode": "2"}) == (NODE_ID, B, 2)
     assert "05 01" in cases["cert=<70 chars>"]
-    with pytest.raises(ValueError, match="missing argument 'iat-mode'"):
+    with pytest.raises(ValueError, match=r"^no iat-mode= given \(add iat-mode=0, as in the bridge line\)$"):
         obfs4.Obfs4.client_config({"cert": CERT})
     assert "05 01" in cases["cert=AAAA;iat-mode=0"]
     with pytest.raises(ValueError):
@@ -1000,6 +1380,53 @@ def test_client_socks_args_vectors():
 def test_bad_client_args_are_value_errors(options):
     with pytest.raises(ValueError):
         obfs4.Obfs4.client_config(options)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"iat-mode": "0"},
+     "no cert= given (the bridge line's cert=...; for SOCKS, pass it as the username)"),
+    ({}, "no cert= given (the bridge line's cert=...; for SOCKS, pass it as the username)"),
+    ({"cert": CERT}, "no iat-mode= given (add iat-mode=0, as in the bridge line)"),
+    ({"node-id": NODE_ID.hex(), "iat-mode": "0"},
+     "node-id= without public-key= (or give the bridge line's cert=...)"),
+    ({"public-key": B.hex(), "iat-mode": "0"},
+     "public-key= without node-id= (or give the bridge line's cert=...)"),
+    ({"cert": CERT, "iat-mode": "0", "iat_mode": "1", "extra": "x"},
+     "unknown obfs4 argument(s): extra, iat_mode (an obfs4 client takes cert, iat-mode, node-id, "
+     "public-key)"),
+    ({"cert": CERT, "iat-mode": "0", "shared-secret": "x"},
+     "unknown obfs4 argument(s): shared-secret (an obfs4 client takes cert, iat-mode, node-id, "
+     "public-key)"),
+], ids=["no cert", "nothing", "no iat-mode", "node-id alone", "public-key alone", "typo", "obfs2's"])
+def test_client_arg_errors_say_what_the_user_wrote(options, message):
+    """Never "missing argument 'node-id'", a name no user wrote: a bridge line has cert=."""
+    with pytest.raises(ValueError) as error:
+        obfs4.Obfs4.client_config(options)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1" * 5000, "malformed iat-mode '%s'" % ("1" * 5000)),          # was int()'s digit limit
+    ("9223372036854775808", "malformed iat-mode '9223372036854775808'"),  # past Go's int64
+    ("-9223372036854775809", "malformed iat-mode '-9223372036854775809'"),
+    ("9223372036854775807", "invalid iat-mode '9223372036854775807'"),  # an int64: out of range
+    ("0" * 5000 + "2", 2),                                          # Atoi takes leading zeros
+    ("+1", 1), ("-0", 0),
+    ("\u0662", "malformed iat-mode '\u0662'"),                        # Arabic-Indic 2
+])
+def test_iat_mode_is_parsed_as_go_atoi_parses_it(text, message):
+    if isinstance(message, int):
+        assert obfs4.parse_iat_mode(text) == message
+        return
+    with pytest.raises(ValueError) as error:
+        obfs4.parse_iat_mode(text)
+    assert str(error.value) == message
+
+
+def test_unknown_server_args_are_refused_before_the_state_is_touched(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown obfs4 argument\(s\): cert, iat_mode \(an obfs4 server"):
+        obfs4.Obfs4.server_config({"iat_mode": "1", "cert": "x"}, tmp_path / "state")
+    assert not (tmp_path / "state").exists()
 
 
 # --- The replay filter -----------------------------------------------------------------

@@ -203,6 +203,38 @@ def deadline(seconds=10):
     return outbound.Deadline(seconds)
 
 
+# --- Addresses ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, address", [
+    ("192.0.2.1:80", ("192.0.2.1", 80)),
+    ("[2001:db8::1]:443", ("2001:db8::1", 443)),
+    ("example.org:65535", ("example.org", 65535)),
+    ("localhost:00080", ("localhost", 80)),
+])
+def test_parse_address(text, address):
+    assert outbound.parse_address(text) == address
+
+
+@pytest.mark.parametrize("text", [
+    "[]:80",                          # an empty host (was accepted as "")
+    "127.0.0.1:\u0661\u0660\u0665\u0660",   # Arabic-Indic 1050 (was port 1050)
+    "127.0.0.1:\u00b2", "127.0.0.1:\uff18\uff10",   # superscript 2, full-width 80
+    ":80", "127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:123456",
+    "127.0.0.1:+80", "127.0.0.1: 80", "2001:db8::1:80", "[2001:db8::1:80", "[:80", "a]:80",
+], ids=["empty brackets", "Arabic-Indic digits", "superscript", "full-width", "no host", "no port",
+        "empty port", "port 0", "port 65536", "six digits", "+80", "space", "bare IPv6",
+        "unclosed bracket", "lone bracket", "stray bracket"])
+def test_parse_address_refuses(text):
+    with pytest.raises(ValueError):
+        outbound.parse_address(text)
+
+
+def test_parse_address_port_zero_only_when_allowed():
+    assert outbound.parse_address("127.0.0.1:0", allow_port_zero=True) == ("127.0.0.1", 0)
+    with pytest.raises(ValueError):
+        outbound.parse_address("[]:0", allow_port_zero=True)
+
+
 # --- The proxy URI -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("uri, expected", [

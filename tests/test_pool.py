@@ -107,10 +107,25 @@ def test_size_zero_is_no_pool():
     assert stock.take() == 1 and stock.misses == 1
 
 
-@pytest.mark.parametrize("text, size", [("", pool.DEFAULT_SIZE), ("0", 0), ("3", 3), ("x", pool.DEFAULT_SIZE),
-                                        ("-1", pool.DEFAULT_SIZE)])
+@pytest.mark.parametrize("text, size", [("", pool.DEFAULT_SIZE), ("0", 0), ("3", 3), ("007", 7),
+                                        ("4096", pool.MAX_SIZE)])
 def test_size_from_the_environment(text, size):
     assert pool.configured_size({"OBFSPROXY_POOL_SIZE": text}) == size
+    assert pool.configured_size({}) == pool.DEFAULT_SIZE
+
+
+@pytest.mark.parametrize("text", ["x", "-1", "+3", " 3", "3 ", "\u00b2", "\u2082", "\u2460", "\u0661\u0660",
+                                  "4097", "9" * 5000, "1e3"],
+                         ids=["x", "-1", "+3", "leading space", "trailing space", "superscript 2",
+                              "subscript 2", "circled 1", "Arabic-Indic 10", "over the bound",
+                              "5000 digits", "1e3"])
+def test_a_size_that_cannot_be_honoured_is_an_error_naming_the_variable(text):
+    """"²" passed str.isdigit() and failed int() with "invalid literal for int()", naming
+    nothing; 5000 digits failed int() too; Arabic-Indic digits were taken as 10."""
+    with pytest.raises(ValueError) as error:
+        pool.configured_size({"OBFSPROXY_POOL_SIZE": text})
+    assert str(error.value).startswith("OBFSPROXY_POOL_SIZE must be a whole number in 0..4096, not ")
+    assert len(str(error.value)) < 120
 
 
 # --- The transports' hooks ----------------------------------------------------------
