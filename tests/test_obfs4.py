@@ -650,6 +650,101 @@ def test_bad_packets_fail(bad_packet):
         server.receive(RefEncoder(C2S).frame(bad_packet))
 
 
+def deliver(side, pieces):
+    """Feed ``pieces`` in turn as the relay would: (all the payload delivered, the
+    error's reason or None). On ProtocolError the relay delivers its ``.data``, then stops."""
+    out = []
+    for piece in pieces:
+        try:
+            out.append(side.receive(piece))
+        except obfs4.ProtocolError as exc:
+            assert type(exc.data) is bytes
+            return b"".join(out) + exc.data, str(exc)
+    return b"".join(out), None
+
+
+def two_reads(wire):
+    return [[wire[:i], wire[i:]] for i in range(len(wire) + 1)]
+
+
+def bad_tag(frame):
+    return frame[:-1] + bytes([frame[-1] ^ 0x80])
+
+
+# Each wire: good frames, then a bad one (and maybe more), with what must come out.
+def wire_good_good_bad_tag():
+    e = RefEncoder(C2S)
+    wire = (e.frame(packet(0, b"first")) + e.frame(packet(0, b"second", 9))
+            + bad_tag(e.frame(packet(0, b"lost"))) + e.frame(packet(0, b"after")))
+    return wire, b"firstsecond", "frame 3: bad Poly1305 tag"
+
+
+def wire_bad_packet_then_bad_tag():
+    """Frame 2 authenticates but its packet is bad; frame 3 has a bad tag. In order,
+    the packet is the first failure, whichever frames arrive in the same read."""
+    e = RefEncoder(C2S)
+    wire = e.frame(packet(0, b"ok")) + e.frame(b"\x00\x00\x10" + bytes(5)) + bad_tag(e.frame(packet(0, b"x")))
+    return wire, b"ok", "packet payload length 16 exceeds the 5 bytes present"
+
+
+def wire_bad_length():
+    """A length out of range after a good frame: wait for the pretend length (here 116,
+    see ``randbelow`` below), then fail; the good frame still comes out."""
+    e = RefEncoder(C2S)
+    return e.frame(packet(0, b"kept")) + e.frame(packet(0, b"data"), length=2000)[:2] + bytes(116), \
+        b"kept", "frame length out of range (failed after the pretend length)"
+
+
+def wire_short_packet():
+    e = RefEncoder(C2S)
+    return e.frame(packet(0, filler(1427))) + e.frame(b"\x00\x00"), filler(1427), \
+        "packet of 2 bytes is shorter than its header"
+
+
+WIRES = [wire_good_good_bad_tag, wire_bad_packet_then_bad_tag, wire_bad_length, wire_short_packet]
+
+
+@pytest.mark.parametrize("make_wire", WIRES, ids=lambda f: f.__name__[5:])
+def test_good_frames_before_a_bad_one_are_delivered_whatever_the_split(make_wire):
+    """obfs4proxy relays what it decoded before tearing down: so do we, through the
+    error's ``.data``. Whole, in two reads at every offset, and byte by byte: the same
+    payload, then the same reason."""
+    wire, payload, reason = make_wire()
+    for pieces in [[wire]] + two_reads(wire) + [bytewise(wire)]:
+        client, server = make_client(), make_server()
+        server.config.randbelow = lambda n: 100                   # a pretend length of 116
+        connect(client, server)
+        assert deliver(server, pieces) == (payload, reason), [len(p) for p in pieces]
+        assert not server.is_open
+        with pytest.raises(obfs4.ProtocolError, match="already failed"):
+            server.receive(b"more")
+
+
+def test_the_client_delivers_frames_that_came_with_the_reply_before_a_bad_one():
+    client, server = make_client(), make_server()
+    assert server.receive(client.start()) == b""
+    s2c = RefEncoder(S2C)
+    s2c.frame(b"")                                                # the seed frame: counter 1
+    reply = server.data_to_send() + s2c.frame(packet(0, b"early")) + bad_tag(s2c.frame(packet(0, b"x")))
+    assert deliver(client, [reply]) == (b"early", "frame 3: bad Poly1305 tag")
+    assert not client.is_open
+
+
+def test_handshake_errors_carry_no_data():
+    server = make_server()
+    with pytest.raises(obfs4.ProtocolError) as failure:
+        server.receive(bytes(8192))
+    assert failure.value.data == b""
+
+
+def test_the_decoder_hands_over_the_packets_before_a_bad_frame():
+    e = RefEncoder(C2S)
+    decoder = obfs4.FrameDecoder(C2S)
+    with pytest.raises(obfs4.ProtocolError, match="frame 3") as failure:
+        decoder.decode(e.frame(packet(0, b"a")) + e.frame(packet(0, b"b")) + bad_tag(e.frame(packet(0))))
+    assert [bytes(p) for p in failure.value.packets] == [packet(0, b"a"), packet(0, b"b")]
+
+
 def test_unknown_types_and_misplaced_seeds_are_ignored():
     client, server = open_session_pair()
     encoder = RefEncoder(C2S)
