@@ -563,8 +563,8 @@ class FrameEncoder:
 
     frame = BE16(L XOR mask16) | tag | ciphertext, L = 16 + len(packet); the nonce
     counter starts at 1 and we refuse to let it wrap. ``encode_packets`` seals a whole
-    write's packets in one pass: their masks come from one ``HashDrbg.masks`` call and
-    the frames are joined once."""
+    write in one pass: the boxes from one ``SecretBox.seal_packets`` call, their masks
+    from one ``HashDrbg.masks`` call, the frames joined once."""
 
     def __init__(self, key72):
         self._box = SecretBox(key72[0:32], key72[32:48])
@@ -577,15 +577,14 @@ class FrameEncoder:
     def encode_packets(self, packets):
         """The frames of ``packets``, in order, as one bytes. The counter is checked for
         the whole list first: nothing is sealed if the last frame would wrap it."""
-        if self.counter + len(packets) - 1 > MAX_NONCE_COUNTER:
+        count = len(packets)
+        if self.counter + count - 1 > MAX_NONCE_COUNTER:
             raise ProtocolError("frame nonce counter would wrap")
-        seal, counter, out = self._box.seal, self.counter, []
-        for packet, mask in zip(packets, self._drbg.masks(len(packets))):
-            box = seal(counter, packet)
-            out.append((len(box) ^ mask).to_bytes(LENGTH_LENGTH, "big"))
-            out.append(box)
-            counter += 1
-        self.counter = counter
+        boxes = self._box.seal_packets(self.counter, packets)
+        self.counter += count
+        out = []
+        for box, mask in zip(boxes, self._drbg.masks(count)):
+            out += ((len(box) ^ mask).to_bytes(LENGTH_LENGTH, "big"), box)
         return b"".join(out)
 
 
