@@ -756,6 +756,16 @@ def test_a_wrong_pynacl_secretbox_is_not_chosen(monkeypatch, fake_nacl, broken):
     assert passed_over == ["PyNaCl crypto_secretbox"]
 
 
+def test_pynacl_seals_alike_with_and_without_the_easy_api():
+    """PyNaCl 1.5 (Debian 12) has only crypto_secretbox; 1.6 adds crypto_secretbox_easy,
+    which we prefer. Both must give the vectors' boxes."""
+    need(c._nacl is not None, "PyNaCl")
+    for key, nonce, message, box in c._SECRETBOX_ANSWERS:
+        assert c._nacl.crypto_secretbox(message, nonce, key) == box
+        if hasattr(c._nacl, "crypto_secretbox_easy"):
+            assert c._nacl.crypto_secretbox_easy(message, nonce, key) == box
+
+
 def test_the_real_pynacl_routes_pass_their_self_tests():
     need(c._nacl is not None, "PyNaCl")
     assert c._secretbox_proven(c._NaClSecretBox)
