@@ -22,8 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import load_vectors
+from test_obfs4_crypto import ROUTES, use_route
 
 import obfs4
+import obfs4_crypto
 from obfs4_crypto import HashDrbg, WeightedDist, secretbox_open, secretbox_seal, x25519, x25519_base
 
 HANDSHAKE = load_vectors("obfs4-handshake.json")
@@ -208,6 +210,15 @@ def assert_fails(server, data):
     assert_silent(server)
 
 
+@pytest.fixture(params=ROUTES)
+def crypto_route(request, monkeypatch):
+    """The test once per family of obfs4_crypto routes (PyNaCl, pycryptodome, pure
+    Python, and the one chosen at import): the session must replay on each."""
+    use_route(monkeypatch, request.param)
+    monkeypatch.setattr(obfs4, "x25519", obfs4_crypto.x25519)      # obfs4 holds the name
+    return request.param
+
+
 # --- Known answers: ntor, HKDF, frames -------------------------------------------------
 
 def test_reference_ntor_matches_every_fixed_key_intermediate():
@@ -243,7 +254,7 @@ def test_ntor_refuses_a_zero_diffie_hellman_result():
         obfs4.server_ntor(hx(v["y"]), hx(v["Y"]), bytes(32), hx(v["b"]), hx(v["B"]), hx(v["node_id"]))
 
 
-def test_research_frames_encode_and_decode():
+def test_research_frames_encode_and_decode(crypto_route):
     frames = HANDSHAKE["research_frames"]
     okm = hx(HANDSHAKE["ntor_fixed_keys"]["okm144"])
     encoder, c2s = obfs4.FrameEncoder(okm[:72]), frames["client_to_server"]
@@ -256,7 +267,7 @@ def test_research_frames_encode_and_decode():
     assert ptype == obfs4.PACKET_TYPE_PRNG_SEED and len(payload) == 24
 
 
-def test_session_vector_is_what_the_spec_says():
+def test_session_vector_is_what_the_spec_says(crypto_route):
     """Anchor: the session's fields, rebuilt with hmac from the spec, are its messages."""
     x_repr, pad_c = hx(S["client_ephemeral"]["representative_X'"]), hx(S["client_padding_P_C"])
     m_c = H16(KEY, x_repr)
@@ -275,7 +286,7 @@ def test_session_vector_is_what_the_spec_says():
             assert secretbox_open(key[:32], hx(f["nonce"]), frame[2:]) == hx(f["packet"])
 
 
-def test_session_replays_byte_for_byte():
+def test_session_replays_byte_for_byte(crypto_route):
     # Client: the real keypair generation from the vector's CSPRNG input, then P_C.
     config = obfs4.Obfs4.client_config({"cert": CERT, "iat-mode": "0"})
     config.randbytes = Script(hx(S["client_ephemeral"]["csprng_input32"]), hx(S["client_padding_P_C"]))
@@ -720,7 +731,7 @@ def test_good_frames_before_a_bad_one_are_delivered_whatever_the_split(make_wire
             server.receive(b"more")
 
 
-def test_the_client_delivers_frames_that_came_with_the_reply_before_a_bad_one():
+def test_the_client_delivers_frames_that_came_with_the_reply_before_a_bad_one(crypto_route):
     client, server = make_client(), make_server()
     assert server.receive(client.start()) == b""
     s2c = RefEncoder(S2C)
@@ -801,7 +812,7 @@ def test_the_decoder_draws_one_mask_per_frame_whatever_the_split():
     assert got == [packet(0, filler(n)) for n in (0, 1, 1427, 50)]
 
 
-def test_a_batch_of_packets_is_the_frames_one_by_one():
+def test_a_batch_of_packets_is_the_frames_one_by_one(crypto_route):
     """encode_packets seals a whole write in one pass: the same bytes as the reference
     encoder's frames, one mask and one counter each, in order."""
     packets = [packet(0, filler(n)) for n in (1427, 0, 700, 1427, 5)] + [packet(0, b"", 1427)]
