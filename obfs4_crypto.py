@@ -32,9 +32,9 @@ What each piece protects, and what it does not
 * Python integers are not constant-time. The pure-Python fallbacks (used only when
   neither PyNaCl nor the installed pycryptodome has a fast route) leak timing to a
   local observer; against a network censor that is the same trade every Python obfs
-  implementation makes. Two pieces are Python by design, whatever is installed: the
-  hash DRBG (no library offers an incremental SipHash, see "Routes") and the
-  Elligator2 maps (on values that are public or about to be).
+  implementation makes. One piece is Python by design, whatever is installed: the
+  hash DRBG (no library offers an incremental SipHash, see "Routes"); the Elligator2
+  maps are Python around one field power (pycryptodome's, when it passes).
 
 Notation (spec symbol -> code)
 ------------------------------
@@ -127,6 +127,8 @@ X25519         PyNaCl ``crypto_scalarmult``;               ntor: two per handsha
 edwards25519   PyNaCl ``crypto_scalarmult_ed25519_base``   ``dirty_public_key``: about two per
                + ``crypto_core_ed25519_add``;              keypair (the rejection loop)
                pycryptodome ``EccPoint``; pure Python
+Elligator2     pycryptodome ``Integer`` (the field power   ``elligator2_inverse``: about two
+               of the inverse map); pure Python ``pow``    per keypair
 hash DRBG      pure Python only (see below)                one length mask per frame
 =============  ==========================================  ====================================
 
@@ -162,8 +164,10 @@ key and the ciphertext, then one Poly1305). The frame's length mask costs ~5.5-7
 (``HashDrbg.masks`` runs the rounds for a whole write or read in one loop). Handshake
 pieces: X25519 ~30-50 µs (PyNaCl) or ~80-130 µs (pycryptodome), a dirty public key
 ~45 µs (PyNaCl) or ~65 µs (``EccPoint``), of which ~13 µs is the inversion that maps it
-to Montgomery form; HSalsa20 ~8 µs, the representative's square test ~30 µs (a Jacobi
-symbol, not a 255-bit power).
+to Montgomery form; the inverse map's field power ~40 µs (``Integer``) or ~95 µs
+(``pow``); HSalsa20 ~8 µs, the representative's square test ~25 µs (a Jacobi symbol,
+not a 255-bit power). A keypair (about two draws) costs ~0.2 ms with PyNaCl and
+``Integer``, ~0.3 ms on pycryptodome alone.
 """
 
 import hashlib
@@ -184,6 +188,10 @@ try:
     from Crypto.Protocol import DH as _DH  # pycryptodome >= 3.21
 except ImportError:
     _DH = None
+try:
+    from Crypto.Math.Numbers import Integer as _Integer  # obfs3's modexp uses it too
+except ImportError:
+    _Integer = None
 
 # --------------------------------------------------------------------------------------
 # PyNaCl, the optional accelerator, and OBFSPROXY_CRYPTO
@@ -1050,12 +1058,23 @@ def _is_square(x):
     return n == 1 and sign == 1
 
 
-def _inv_sqrt(x):
+def _field_pow_pure(x, exponent):
+    """x^exponent mod p with Python's pow(): ~95 µs for a 252-bit exponent."""
+    return pow(x, exponent, P)
+
+
+def _field_pow_pycryptodome(x, exponent):
+    """x^exponent mod p with pycryptodome's Integer (C: ~40 µs for a 252-bit exponent)."""
+    return int(_Integer(x % P).inplace_pow(exponent, P))
+
+
+def _inv_sqrt(x, power=_field_pow_pure):
     """s with s^2 = 1/x, or None when x is 0 or not a square; one exponentiation.
     Since p = 5 mod 8, c = x^((p-5)/8) gives c^2 x = x^((p-1)/4), a fourth root of 1
     when x is a square: c^2 x = 1 means s = c; c^2 x = -1 means s = c·sqrt(-1);
-    anything else (sqrt(-1) or its negative, or 0) means no root."""
-    c = pow(x, (P - 5) // 8, P)
+    anything else (sqrt(-1) or its negative, or 0) means no root. ``power`` is the
+    field-power route (``_field_pow``)."""
+    c = power(x, (P - 5) // 8)
     check = c * c * x % P
     if check == 1:
         return c
@@ -1196,9 +1215,16 @@ def elligator2_inverse(u32, tweak):
     2. s = 1 / sqrt(t)                           (either root: step 4 fixes the sign)
     3. r = u s if tweak & 1 == 0, else r = (u + A) s
     4. if r > (p - 1) / 2: r = p - r
-    5. 32 bytes little-endian (top two bits 0), byte 31 |= tweak & 0xC0."""
+    5. 32 bytes little-endian (top two bits 0), byte 31 |= tweak & 0xC0.
+
+    Key generation runs this about twice per keypair; the exponentiation of step 2 is
+    most of its cost, so it goes through the field-power route (``ELLIGATOR2_ROUTE``)."""
+    return _elligator2_inverse(u32, tweak, _field_pow)
+
+
+def _elligator2_inverse(u32, tweak, power):
     u = _u_int(u32)
-    s = _inv_sqrt(-2 * u * (u + A) % P)
+    s = _inv_sqrt(-2 * u * (u + A) % P, power)
     if s is None:
         return None
     r = (u if tweak & 1 == 0 else u + A) * s % P
@@ -1207,6 +1233,32 @@ def elligator2_inverse(u32, tweak):
     out = bytearray(_bytes32(r))
     out[31] |= tweak & 0xC0
     return bytes(out)
+
+
+# obfs4-elligator2.json's inverse_map: two u with both formulas of step 3 (tweak bit 0)
+# and top bits, and a u without a representative (None).
+_ELLIGATOR2_ANSWERS = [((bytes.fromhex(u), tweak), r and bytes.fromhex(r)) for u, tweak, r in (
+    ("242ae39ef158ed60f20b89396d7d7eef5374aba15dc312a6aea6d1e57cacf85e", 0x00,
+     "53ac376d482ecf2e086eafecf7884c0a60beeca18a1f154e6e9829a632436c0e"),
+    ("242ae39ef158ed60f20b89396d7d7eef5374aba15dc312a6aea6d1e57cacf85e", 0x81,
+     "673a505e107189ee54ca93310ac42e4545e9e59050aaac6f8b5f64295c8ec0af"),
+    ("696f341266c64bcfa7afa834f8c34b2730be11c932e08474d1a22f26ed82410b", 0x00,
+     "922688fa428d42bc1fa8806998fbc5959ae801817e85a42a45e8ec25a0d7541a"),
+    ("696f341266c64bcfa7afa834f8c34b2730be11c932e08474d1a22f26ed82410b", 0x01,
+     "d828b3b651927661a4698315d4f04d339652baa1e169799178371eead15f803a"),
+    ("0300000000000000000000000000000000000000000000000000000000000000", 0x00, None))]
+
+
+def _elligator2_route():
+    """The field power of Elligator2's inverse map: pycryptodome's Integer, else pow(),
+    each proven through the whole map on the vectors."""
+    name = "pycryptodome Integer (%s)" % getattr(_Integer, "__name__", "missing")
+    return _choose([(_field_pow_pycryptodome if _Integer else None, name), (_field_pow_pure, "pure Python")],
+                   lambda power: _gives(lambda u32, tweak: _elligator2_inverse(u32, tweak, power),
+                                        _ELLIGATOR2_ANSWERS))
+
+
+_field_pow, ELLIGATOR2_ROUTE, _PASSED_OVER["Elligator2"] = _elligator2_route()
 
 
 # --------------------------------------------------------------------------------------
@@ -1385,17 +1437,17 @@ def routes():
     Poly1305, HSalsa20 and Salsa20 are the portable secretbox's parts (and HSalsa20
     serves ``xsalsa20_keystream``); obfs3's modexp is reported by obfs3.MODEXP_ROUTE."""
     return {"secretbox": SECRETBOX_ROUTE, "X25519": X25519_ROUTE, "edwards25519": EDWARDS_ROUTE,
-            "hash DRBG": DRBG_ROUTE, "Poly1305": POLY1305_ROUTE, "HSalsa20": HSALSA20_ROUTE,
-            "Salsa20": SALSA20_ROUTE}
+            "Elligator2": ELLIGATOR2_ROUTE, "hash DRBG": DRBG_ROUTE, "Poly1305": POLY1305_ROUTE,
+            "HSalsa20": HSALSA20_ROUTE, "Salsa20": SALSA20_ROUTE}
 
 
 def pure_python_routes():
     """The pieces in use that fell back to pure Python although a C route exists, for a
     one-time warning (slower, and not constant time): e.g. ["X25519"] when neither
     PyNaCl nor pycryptodome >= 3.21 is there. Poly1305 and HSalsa20 count only when
-    the portable secretbox runs. Not listed, because no install changes them: the hash
-    DRBG and the Elligator2 maps, which are Python by design (see "Routes")."""
-    pieces = ["X25519", "edwards25519"]
+    the portable secretbox runs. Not listed, because no install changes it: the hash
+    DRBG, which is Python by design (see "Routes")."""
+    pieces = ["X25519", "edwards25519", "Elligator2"]
     if _SecretBoxRoute is _PortableSecretBox:
         pieces = ["Poly1305", "HSalsa20"] + pieces
     chosen = routes()

@@ -47,8 +47,9 @@ def need(present, what):
 def use_route(monkeypatch, name):
     """Patch one family of routes into obfs4_crypto (until the test ends):
     "PyNaCl" (secretbox, X25519, edwards25519), "pycryptodome" (those three and
-    Poly1305, HSalsa20), "pure Python" (the pure functions; the secretbox then runs
-    pycryptodome's Salsa20, which has no alternative), "chosen route" (nothing)."""
+    Poly1305, HSalsa20, Elligator2's field power), "pure Python" (the pure functions;
+    the secretbox then runs pycryptodome's Salsa20, which has no alternative), "chosen
+    route" (nothing)."""
     if name == "PyNaCl":
         need(c._nacl is not None, "PyNaCl")
         patch = {"_SecretBoxRoute": c._NaClSecretBox, "x25519": c._x25519_nacl, "_dirty_u": c._dirty_u_nacl}
@@ -56,13 +57,14 @@ def use_route(monkeypatch, name):
         need(c._Poly1305_MAC is not None, "pycryptodome's Poly1305_MAC")
         need(c._DH is not None, "pycryptodome >= 3.21 (Crypto.Protocol.DH)")
         need(c._dirty_u_pycryptodome is not c._dirty_u_unavailable, "pycryptodome's Ed25519 EccPoint")
+        need(c._Integer is not None, "pycryptodome's Integer")
         patch = {"_SecretBoxRoute": c._PortableSecretBox, "poly1305": c._poly1305_pycryptodome,
                  "hsalsa20": c._hsalsa20_pycryptodome, "x25519": c._x25519_pycryptodome,
-                 "_dirty_u": c._dirty_u_pycryptodome}
+                 "_dirty_u": c._dirty_u_pycryptodome, "_field_pow": c._field_pow_pycryptodome}
     elif name == "pure Python":
         patch = {"_SecretBoxRoute": c._PortableSecretBox, "poly1305": c._poly1305_pure,
                  "hsalsa20": c._hsalsa20_pure, "x25519": c._x25519_pure, "_dirty_u": c._dirty_u_pure,
-                 "_salsa20_xor": c._salsa20_xor_pycryptodome}
+                 "_field_pow": c._field_pow_pure, "_salsa20_xor": c._salsa20_xor_pycryptodome}
     else:
         assert name == "chosen route"
         patch = {}
@@ -527,18 +529,18 @@ TWEAKED = [(v["u"], int(key[len("tweak_"):], 16), r)
 
 
 @pytest.mark.parametrize("u, tweak, representative", TWEAKED)
-def test_elligator2_inverse_map(u, tweak, representative):
+def test_elligator2_inverse_map(route, u, tweak, representative):
     assert c.elligator2_inverse(h(u), tweak) == h(representative)
     assert c.elligator2_direct(h(representative)) == h(u)
 
 
 @pytest.mark.parametrize("u", ELLIGATOR["inverse_map"]["u_without_representative"])
-def test_elligator2_u_without_representative(u):
+def test_elligator2_u_without_representative(route, u):
     for tweak in (0, 1, 0x40, 0xC1, 0xFF):
         assert c.elligator2_inverse(h(u), tweak) is None
 
 
-def test_elligator2_inverse_reads_u_like_x25519():
+def test_elligator2_inverse_reads_u_like_x25519(route):
     """Bit 255 ignored, u reduced mod p (as RFC 7748 reads u)."""
     u, tweak, representative = TWEAKED[0]
     top_bit = bytearray(h(u))
@@ -640,6 +642,8 @@ PORTABLE_ROUTES = {"secretbox": ("pycryptodome Salsa20 + Poly1305_MAC",
                    "edwards25519": ("pycryptodome EccPoint", "pure Python"),
                    "Poly1305": ("pycryptodome Poly1305_MAC", "pure Python"),
                    "HSalsa20": ("pycryptodome Salsa20 seek", "pure Python"),
+                   "Elligator2": ("pycryptodome Integer (%s)" % getattr(c._Integer, "__name__", "-"),
+                                  "pure Python"),
                    "Salsa20": ("pycryptodome Salsa20",), "hash DRBG": ("pure Python",)}
 
 
@@ -651,6 +655,8 @@ def test_routes_name_every_piece_and_match_what_runs():
     assert routes["secretbox"] == c.SECRETBOX_ROUTE and routes["X25519"] == c.X25519_ROUTE
     assert routes["edwards25519"] == c.EDWARDS_ROUTE and routes["Poly1305"] == c.POLY1305_ROUTE
     assert routes["HSalsa20"] == c.HSALSA20_ROUTE and routes["Salsa20"] == c.SALSA20_ROUTE
+    assert routes["Elligator2"] == c.ELLIGATOR2_ROUTE
+    assert (c._field_pow is c._field_pow_pure) == (c.ELLIGATOR2_ROUTE == "pure Python")
     assert (c._SecretBoxRoute is c._NaClSecretBox) == (c.SECRETBOX_ROUTE == NACL_ROUTES["secretbox"])
     assert (c.x25519 is c._x25519_nacl) == (c.X25519_ROUTE == NACL_ROUTES["X25519"])
     assert (c._dirty_u is c._dirty_u_nacl) == (c.EDWARDS_ROUTE == NACL_ROUTES["edwards25519"])
@@ -681,6 +687,8 @@ def test_the_fast_routes_run_wherever_their_library_is():
     if c._dirty_u_pycryptodome is not c._dirty_u_unavailable:
         assert c.EDWARDS_ROUTE == "pycryptodome EccPoint"
     assert c.HSALSA20_ROUTE == "pycryptodome Salsa20 seek"
+    if c._Integer is not None:
+        assert c.ELLIGATOR2_ROUTE.startswith("pycryptodome Integer")
 
 
 def test_choose_takes_the_first_candidate_that_passes():
@@ -707,6 +715,15 @@ class FakeNaCl:
 def fake_nacl(monkeypatch):
     if c._nacl is None:
         monkeypatch.setattr(c, "_nacl", FakeNaCl())
+
+
+def test_a_wrong_field_power_is_not_chosen(monkeypatch):
+    """Proven through the whole inverse map: a power that is right only for squares fails."""
+    assert c._elligator2_route()[0] in (c._field_pow_pycryptodome, c._field_pow_pure)
+    monkeypatch.setattr(c, "_field_pow_pycryptodome", lambda x, e: pow(x, e - 1, c.P))
+    monkeypatch.setattr(c, "_Integer", c._Integer or object)
+    power, name, passed_over = c._elligator2_route()
+    assert power is c._field_pow_pure and name == "pure Python" and len(passed_over) == 1
 
 
 def test_a_wrong_pynacl_x25519_or_edwards_route_is_not_chosen(monkeypatch, fake_nacl):
@@ -778,11 +795,11 @@ def test_pure_python_routes_lists_the_fallbacks_in_use(monkeypatch):
     monkeypatch.setattr(c, "SECRETBOX_ROUTE", NACL_ROUTES["secretbox"])
     for piece, name in (("POLY1305_ROUTE", "pure Python"), ("HSALSA20_ROUTE", "pure Python"),
                         ("X25519_ROUTE", "pycryptodome Crypto.Protocol.DH"),
-                        ("EDWARDS_ROUTE", "pure Python")):
+                        ("EDWARDS_ROUTE", "pure Python"), ("ELLIGATOR2_ROUTE", "pure Python")):
         monkeypatch.setattr(c, piece, name)
-    assert c.pure_python_routes() == ["edwards25519"]        # Poly1305/HSalsa20: not in use
+    assert c.pure_python_routes() == ["edwards25519", "Elligator2"]     # Poly1305/HSalsa20: unused
     monkeypatch.setattr(c, "_SecretBoxRoute", c._PortableSecretBox)
-    assert c.pure_python_routes() == ["Poly1305", "HSalsa20", "edwards25519"]
+    assert c.pure_python_routes() == ["Poly1305", "HSalsa20", "edwards25519", "Elligator2"]
 
 
 def test_salsa20_has_no_fallback_a_wrong_answer_refuses_to_run():
@@ -873,6 +890,12 @@ def test_the_embedded_self_test_answers_are_the_vectors():
                                      ((h(x[0]["scalar"]), bytes(top_bit)), h(x[0]["out"])),
                                      ((h(x[3]["scalar"]), h(x[3]["u"])), h(x[3]["out"]))]
     assert c._X25519_ANSWERS[3] == ((bytes(range(32)), bytes(32)), bytes(32))
+    inverse = {(v["u"], int(key[len("tweak_"):], 16)): r for v in cases(ELLIGATOR["inverse_map"])
+               for key, r in v.items() if key.startswith("tweak_")}
+    for (u, tweak), r in c._ELLIGATOR2_ANSWERS[:-1]:
+        assert inverse[(u.hex(), tweak)] == r.hex()
+    (u, _), none = c._ELLIGATOR2_ANSWERS[-1]
+    assert u.hex() in ELLIGATOR["inverse_map"]["u_without_representative"] and none is None
     dirty = cases(ELLIGATOR["dirty_keypairs"])
     assert [v["torsion_index_priv0_and_7"] for v in dirty] == list(range(8))
     assert c._EDWARDS_ANSWERS == [((h(v["priv32_sha512_first_half"]),), h(v["dirty_u"])) for v in dirty]
