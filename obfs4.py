@@ -218,8 +218,12 @@ class ProtocolError(Exception):
 
     What happens next: a client closes at once; a server whose handshake failed keeps
     reading and discarding until ``failure_linger`` seconds after accept, then closes
-    with FIN (at once on peer EOF); a data-phase error closes at once.
+    with FIN (at once on peer EOF); a data-phase error closes at once, after the caller
+    has delivered ``data``: the payload of the good frames that arrived in the same
+    ``receive()`` before the bad one (b"" if none, and for every handshake error).
     """
+
+    data = b""
 
 
 # --- Small helpers ------------------------------------------------------------------
@@ -641,8 +645,8 @@ class FrameEncoder:
 
     frame = BE16(L XOR mask16) | tag | ciphertext, L = 16 + len(packet); the nonce
     counter starts at 1 and we refuse to let it wrap. ``encode_packets`` seals a whole
-    write's packets in one pass: their masks come from one ``HashDrbg.masks`` call and
-    the frames are joined once."""
+    write in one pass: the boxes from one ``SecretBox.seal_packets`` call, their masks
+    from one ``HashDrbg.masks`` call, the frames joined once."""
 
     def __init__(self, key72):
         self._box = SecretBox(key72[0:32], key72[32:48])
@@ -655,15 +659,14 @@ class FrameEncoder:
     def encode_packets(self, packets):
         """The frames of ``packets``, in order, as one bytes. The counter is checked for
         the whole list first: nothing is sealed if the last frame would wrap it."""
-        if self.counter + len(packets) - 1 > MAX_NONCE_COUNTER:
+        count = len(packets)
+        if self.counter + count - 1 > MAX_NONCE_COUNTER:
             raise ProtocolError("frame nonce counter would wrap")
-        seal, counter, out = self._box.seal, self.counter, []
-        for packet, mask in zip(packets, self._drbg.masks(len(packets))):
-            box = seal(counter, packet)
-            out.append((len(box) ^ mask).to_bytes(LENGTH_LENGTH, "big"))
-            out.append(box)
-            counter += 1
-        self.counter = counter
+        boxes = self._box.seal_packets(self.counter, packets)
+        self.counter += count
+        out = []
+        for box, mask in zip(boxes, self._drbg.masks(count)):
+            out += ((len(box) ^ mask).to_bytes(LENGTH_LENGTH, "big"), box)
         return b"".join(out)
 
 
@@ -676,9 +679,11 @@ class FrameDecoder:
     2. wait for L bytes (L is remembered: no second draw), open the box, counter += 1.
 
     Every complete frame of a read is opened in one call, straight from the bytes
-    received (memoryview slices, no copies); only a partial frame is kept for the next
-    read. Masks are drawn ahead, about one per 1448 bytes in hand, and kept in order
-    until used: the stream of masks is the same whatever the split.
+    received (memoryview slices); only a partial frame is kept for the next read. Masks
+    are drawn ahead, about one per 1448 bytes in hand, and kept in order until used:
+    the stream of masks is the same whatever the split. Frames are opened in order and
+    the first bad one stops the call: its ProtocolError carries ``.packets``, the
+    packets of the frames before it in this call (authenticated, and still to deliver).
     """
 
     def __init__(self, key72, randbelow=secrets.randbelow):
@@ -696,37 +701,43 @@ class FrameDecoder:
         return [bytes(packet) for packet in self.open_frames(data)]
 
     def open_frames(self, data):
-        """As ``decode``, but memoryviews of the packets (valid until dropped)."""
+        """As ``decode``, but the packets as the secretbox route gives them (bytes or
+        memoryviews, valid until dropped)."""
         if self._buffer:
             data = self._buffer + data
         view, pos, packets = memoryview(data), 0, []
-        end = len(view)
-        while True:
-            if self._next_length is None:
-                if end - pos < LENGTH_LENGTH:
+        end, counter, length = len(view), self.counter, self._next_length
+        masks, open_box = self._masks, self._box.open_view
+        try:
+            while True:
+                if length is None:
+                    if end - pos < LENGTH_LENGTH:
+                        break
+                    if not masks:
+                        masks.extend(self._drbg.masks((end - pos) // MAXIMUM_SEGMENT_LENGTH + 1))
+                    length = (view[pos] << 8 | view[pos + 1]) ^ masks.popleft()
+                    pos += LENGTH_LENGTH
+                    if not MIN_FRAME_LENGTH <= length <= MAX_FRAME_LENGTH:
+                        self._length_invalid = True
+                        length = MIN_FRAME_LENGTH + self._randbelow(MAX_FRAME_LENGTH - MIN_FRAME_LENGTH + 1)
+                if end - pos < length:
                     break
-                if not self._masks:
-                    self._masks.extend(self._drbg.masks((end - pos) // MAXIMUM_SEGMENT_LENGTH + 1))
-                length = (view[pos] << 8 | view[pos + 1]) ^ self._masks.popleft()
-                pos += LENGTH_LENGTH
-                if not MIN_FRAME_LENGTH <= length <= MAX_FRAME_LENGTH:
-                    self._length_invalid = True
-                    length = MIN_FRAME_LENGTH + self._randbelow(MAX_FRAME_LENGTH - MIN_FRAME_LENGTH + 1)
-                self._next_length = length
-            length = self._next_length
-            if end - pos < length:
-                break
-            if self._length_invalid:
-                raise ProtocolError("frame length out of range (failed after the pretend length)")
-            if self.counter > MAX_NONCE_COUNTER:
-                raise ProtocolError("frame nonce counter would wrap")
-            try:
-                packets.append(self._box.open_view(self.counter, view[pos:pos + length]))
-            except ValueError:
-                raise ProtocolError("frame %d: bad Poly1305 tag" % self.counter)
-            pos += length
-            self.counter += 1
-            self._next_length = None
+                if self._length_invalid:
+                    raise ProtocolError("frame length out of range (failed after the pretend length)")
+                if counter > MAX_NONCE_COUNTER:
+                    raise ProtocolError("frame nonce counter would wrap")
+                try:
+                    packets.append(open_box(counter, view[pos:pos + length]))
+                except ValueError:
+                    raise ProtocolError("frame %d: bad Poly1305 tag" % counter) from None
+                pos += length
+                counter += 1
+                length = None
+        except ProtocolError as exc:
+            exc.packets = packets
+            raise
+        finally:
+            self.counter, self._next_length = counter, length
         self._buffer = bytes(view[pos:])      # at most one partial frame stays behind
         return packets
 
@@ -1073,9 +1084,21 @@ class Obfs4:
 
     # The data phase.
     def _receive_frames(self, data):
+        """The payload of every frame that ``data`` completes, frame by frame in order:
+        open, parse, next (§2.8, §2.9).
+
+        The first bad frame or packet ends it: ProtocolError, whose ``.data`` is the
+        payload of the good frames before it in this call. The caller delivers ``.data``,
+        then ends the tunnel (obfs4proxy also relays what it decoded before tearing down).
+        However the bytes are split into calls, the same payload comes out, then the same
+        error."""
+        out = []
         try:
-            out = []
-            for packet in self._decoder.open_frames(data):
+            try:
+                packets, failure = self._decoder.open_frames(data), None
+            except ProtocolError as exc:    # the frames before the bad one still count
+                packets, failure = exc.packets, exc
+            for packet in packets:
                 packet_type, payload = parse_packet(packet)
                 if packet_type == PACKET_TYPE_PAYLOAD:
                     out.append(payload)
@@ -1084,8 +1107,11 @@ class Obfs4:
                     if self.initiator and len(payload) == SEED_PACKET_PAYLOAD_LENGTH:
                         self._reseed(bytes(payload))
                 # Other types are authenticated, then ignored.
+            if failure is not None:
+                raise failure
             return b"".join(out)
-        except ProtocolError:
+        except ProtocolError as exc:
+            exc.data = b"".join(out)
             self._fail()
             raise
 

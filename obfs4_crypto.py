@@ -9,6 +9,10 @@ obfs4 (see ``obfs4.py``) needs, beyond AES/SHA-2/HMAC/Salsa20 from pycryptodome:
 * X25519, and Elligator2 in the exact variant obfs4proxy 0.0.14 runs, so that public
   keys on the wire look like uniformly random bytes.
 
+When PyNaCl (libsodium) is installed, secretbox, X25519 and the Edwards work of key
+generation run there instead, each only after it gives the known answers at import
+("Routes" below); without it everything still runs, only slower.
+
 Nothing here does I/O, keeps a clock, or logs. The randomness of ``generate_keypair`` and
 ``WeightedDist.sample`` is injectable, so known-answer vectors replay byte for byte.
 
@@ -25,9 +29,12 @@ What each piece protects, and what it does not
   subgroup (every honest X25519 key does), which is why obfs4proxy 0.0.14 adds a random
   low-order point (the "dirty" key below). Half of all keys have no representative: key
   generation is a rejection loop, run *before* a connection so its time does not show.
-* Python integers are not constant-time. The pure-Python fallbacks (used only when the
-  installed pycryptodome lacks a fast route) leak timing to a local observer; against a
-  network censor that is the same trade every Python obfs implementation makes.
+* Python integers are not constant-time. The pure-Python fallbacks (used only when
+  neither PyNaCl nor the installed pycryptodome has a fast route) leak timing to a
+  local observer; against a network censor that is the same trade every Python obfs
+  implementation makes. One piece is Python by design, whatever is installed: the
+  hash DRBG (no library offers an incremental SipHash, see "Routes"); the Elligator2
+  maps are Python around one field power (pycryptodome's, when it passes).
 
 Notation (spec symbol -> code)
 ------------------------------
@@ -60,6 +67,9 @@ One frame's secretbox (obfs4-spec 2.8)
              | tag = Poly1305(ct) |  ct = packet XOR stream[32:]           |
              +--------------------+----------------------------------------+
                    16 bytes             len(packet) bytes
+
+(libsodium's crypto_secretbox does all of this in one call from key, nonce24, packet;
+the portable route does it in two, with the subkey cached per direction.)
 
 The hash DRBG (obfs4-spec 6.1)
 ------------------------------
@@ -95,30 +105,70 @@ Where the obfs4 document and the 0.0.14 code differ (the code is what is on the 
    built by Vose's method with FIFO work lists; only exact float replay reproduces a
    bridge's table (the vectors compare floats with ``==``).
 
-Routes: fast when pycryptodome can, pure Python otherwise
----------------------------------------------------------
-Four primitives exist inside pycryptodome but not (or not always) as public API:
-Poly1305 with a raw key (private ``Poly1305_MAC(r, s, data)``), X25519 (public
-``Crypto.Protocol.DH`` since 3.21), edwards25519 point arithmetic (``EccPoint`` with
-``curve="Ed25519"``) and HSalsa20 (one Salsa20 block at a chosen block counter, which
-needs ``Salsa20.seek``). Each is used only after it reproduces a known answer at import;
-if it is missing, has another signature, raises, or answers wrongly, the pure-Python
-function runs instead. ``POLY1305_ROUTE``, ``X25519_ROUTE``, ``EDWARDS_ROUTE`` and
-``HSALSA20_ROUTE`` say which route runs; the pure functions (``_poly1305_pure``,
-``_x25519_pure``, ``_dirty_u_pure``, ``_hsalsa20_pure``) stay callable so the tests
-prove both routes on the same vectors.
+Routes: libsodium, then pycryptodome, then pure Python
+------------------------------------------------------
+Each piece has candidate routes, fastest first. A candidate is used only if it gives
+every known answer embedded below (copied from ``shared/vectors``; the tests check the
+copies) when this module is imported; a candidate that is missing, raises, or answers
+wrongly is skipped for the next one. The last candidate, the pure-Python function, is
+the fallback (the tests prove it on the same vectors).
 
-We do not call pycryptodome's underscored C handles (``_raw_api``): calling them
-directly saved ~3.5 µs of the Python layer per 1430-byte frame, but a private route can
-change its meaning in any release; the routes above are public or non-underscored, and
-each is proven by a known answer at import.
+=============  ==========================================  ====================================
+piece          candidates, fastest first                   used for
+=============  ==========================================  ====================================
+secretbox      PyNaCl ``crypto_secretbox``;                every frame, both directions
+               pycryptodome Salsa20 + the Poly1305 route
+Poly1305       pycryptodome ``Poly1305_MAC``; pure Python  the portable secretbox
+HSalsa20       pycryptodome Salsa20 ``seek``; pure Python  the portable secretbox (per direction)
+Salsa20        pycryptodome ``Salsa20`` only               the portable secretbox, HSalsa20
+X25519         PyNaCl ``crypto_scalarmult``;               ntor: two per handshake and side
+               pycryptodome ``Crypto.Protocol.DH``;
+               pure Python
+edwards25519   PyNaCl ``crypto_scalarmult_ed25519_base``   ``dirty_public_key``: about two per
+               + ``crypto_core_ed25519_add``;              keypair (the rejection loop)
+               pycryptodome ``EccPoint``; pure Python
+Elligator2     pycryptodome ``Integer`` (the field power   ``elligator2_inverse``: about two
+               of the inverse map); pure Python ``pow``    per keypair
+hash DRBG      pure Python only (see below)                one length mask per frame
+=============  ==========================================  ====================================
 
-What a frame costs (Python 3.11, pycryptodome 4.5, one core of the 2-core test machine):
-sealing or opening 1430 bytes is ~11.5 µs: one Salsa20 call over 0^32 | packet gives
-the Poly1305 key and the ciphertext, then one Poly1305. The frame's length mask costs
-~5.5 µs (8 SipRounds in Python; ``HashDrbg.masks`` runs them in one tight loop for a
-whole write or read). Handshake pieces: X25519 ~80 µs, HSalsa20 ~8 µs, the
-representative's square test ~30 µs (a Jacobi symbol, not a 255-bit power).
+Salsa20 has no fallback: if pycryptodome's Salsa20 fails its known answer, importing
+this module raises ``KnownAnswerError`` (we do not run a cipher that gave a wrong
+answer). ``routes()`` names the route of every piece, ``route_report()`` says the same
+in one line (with why a faster route was passed over), and ``pure_python_routes()``
+lists the pieces that fell back to pure Python although a C route exists (install
+PyNaCl, or a newer pycryptodome, to fix them).
+
+``OBFSPROXY_CRYPTO=portable`` in the environment makes this module ignore PyNaCl, as if
+it were not installed: the tests, CI's second run and the benchmark use it to run the
+pycryptodome routes on a machine that has both. Unset (or ``auto``) means "use PyNaCl
+when it imports"; any other value is an error.
+
+Why the hash DRBG stays in Python: obfs4proxy's DRBG is *one* SipHash state that absorbs
+every block it outputs and is never reset (erratum 1 below), so block n is SipHash over
+all n earlier blocks. libsodium's ``crypto_shorthash_siphash24`` is one-shot (it cannot
+resume a state), so it could only re-hash the whole history for every frame: quadratic
+(measured: 4 µs a block after 1,000 frames, 0.3 ms after 100,000, 3 ms after a million).
+Incremental SipHash in Python costs ~6-7 µs a block (8 SipRounds of 64-bit integers),
+and after libsodium that is the largest cost of a frame.
+
+We call pycryptodome and PyNaCl only through their public functions: no underscored
+names, no cffi handles. (Calling pycryptodome's ``_raw_api`` C handles directly saved
+~3.5 µs per frame, but a private route can change its meaning in any release.)
+
+What a frame costs (Python 3.11 on one core of the shared 2-core test machine; the
+figures move by 20-50% with the machine's load): seal or open of 1430 bytes is ~3 µs
+through PyNaCl (one C call for the whole box; libsodium recomputes HSalsa20 from the
+24-byte nonce each time, which costs less than any way round it from Python), against
+~11-14 µs through pycryptodome (one Salsa20 call over 0^32 | packet gives the Poly1305
+key and the ciphertext, then one Poly1305). The frame's length mask costs ~6.5 µs
+(``HashDrbg.masks`` runs the rounds for a whole write or read in one loop). Handshake
+pieces: X25519 ~30-50 µs (PyNaCl) or ~80-130 µs (pycryptodome), a dirty public key
+~45 µs (PyNaCl) or ~65 µs (``EccPoint``), of which ~13 µs is the inversion that maps it
+to Montgomery form; the inverse map's field power ~40 µs (``Integer``) or ~95 µs
+(``pow``); HSalsa20 ~8 µs, the representative's square test ~25 µs (a Jacobi symbol,
+not a 255-bit power). A keypair (about two draws) costs ~0.17 ms with PyNaCl, ~0.2 ms
+on pycryptodome alone (~0.3 ms with ``EccPoint`` and ``pow``, before these routes).
 """
 
 import hashlib
@@ -139,6 +189,91 @@ try:
     from Crypto.Protocol import DH as _DH  # pycryptodome >= 3.21
 except ImportError:
     _DH = None
+try:
+    from Crypto.Math.Numbers import Integer as _Integer  # obfs3's modexp uses it too
+except ImportError:
+    _Integer = None
+
+# --------------------------------------------------------------------------------------
+# PyNaCl, the optional accelerator, and OBFSPROXY_CRYPTO
+# --------------------------------------------------------------------------------------
+
+CRYPTO_ENV = "OBFSPROXY_CRYPTO"
+
+
+def _use_nacl(environ):
+    """False if ``OBFSPROXY_CRYPTO=portable`` (ignore PyNaCl), True if unset or ``auto``;
+    any other value is a ValueError (a typo must not silently pick a route)."""
+    value = environ.get(CRYPTO_ENV, "").strip().lower()
+    if value in ("", "auto"):
+        return True
+    if value == "portable":
+        return False
+    raise ValueError("%s=%r: use 'portable' (ignore PyNaCl) or 'auto' (the default)"
+                     % (CRYPTO_ENV, environ[CRYPTO_ENV]))
+
+
+def _import_nacl(use_nacl):
+    """(nacl.bindings, nacl.exceptions.CryptoError, None) or (None, (), why not).
+
+    An ImportError is the normal "not installed"; any other exception while importing
+    (a broken build, a libsodium that fails to load) also leaves PyNaCl out, and says so."""
+    if not use_nacl:
+        return None, (), "%s=portable" % CRYPTO_ENV
+    try:
+        from nacl import bindings
+        from nacl.exceptions import CryptoError
+    except ImportError:
+        return None, (), "PyNaCl is not installed"
+    except Exception as exc:  # a broken PyNaCl is a missing one: the routes below fall back
+        return None, (), "PyNaCl failed to import (%s: %s)" % (type(exc).__name__, exc)
+    return bindings, CryptoError, None
+
+
+# _nacl is None without PyNaCl; _NaClError is () then, so "except _NaClError" catches nothing.
+_nacl, _NaClError, NACL_UNAVAILABLE = _import_nacl(_use_nacl(os.environ))
+
+
+class KnownAnswerError(RuntimeError):
+    """A primitive that has no fallback gave a wrong known answer at import."""
+
+
+def _gives(function, answers):
+    """True if ``function(*args) == expected`` for every (args, expected) in ``answers``.
+    Any exception is a failure: what it calls may be missing (None, or an attribute
+    gone), take another signature (TypeError) or reject the input (ValueError)."""
+    try:
+        return all(function(*args) == expected for args, expected in answers)
+    except Exception:  # a broken fast route must never stop the program: the next one runs
+        return False
+
+
+def _choose(candidates, proven):
+    """(value, route name, [names of the candidates passed over]) for the first of
+    ``candidates`` that ``proven(value)`` accepts.
+
+    ``candidates`` are (value, name) pairs, fastest first; a value of None is a route
+    whose library is missing (not tried, not reported). The last pair is the fallback,
+    used without a test when no other passes (the pure-Python functions, which the
+    tests prove). ``proven`` is ``_answers(...)`` or a function of its own."""
+    passed_over = []
+    for value, name in candidates[:-1]:
+        if value is None:
+            continue
+        if proven(value):
+            return value, name, passed_over
+        passed_over.append(name)
+    value, name = candidates[-1]
+    return value, name, passed_over
+
+
+def _answers(answers):
+    """``proven`` for ``_choose``: the candidate function gives every known answer."""
+    return lambda function: _gives(function, answers)
+
+
+# piece -> the routes that failed their known answers at import (for ``route_report``)
+_PASSED_OVER = {}
 
 # --------------------------------------------------------------------------------------
 # HKDF-SHA256 (RFC 5869), for ntor's key expansion
@@ -274,26 +409,16 @@ _POLY1305_ANSWERS = [
 ]
 
 
-def _choose(fast, fast_name, pure, answers, pure_name="pure Python"):
-    """(fast, fast_name) if ``fast`` gives every known answer, else (pure, pure_name).
-
-    Any exception counts as failure: what it calls may be missing (None, or an
-    attribute gone), take another signature (TypeError) or reject the input (ValueError)."""
-    try:
-        if all(fast(*args) == expected for args, expected in answers):
-            return fast, fast_name
-    except Exception:  # a broken fast route must never stop the program: use the pure one
-        pass
-    return pure, pure_name
+def _poly1305_route():
+    """Poly1305: pycryptodome's raw-key class, else pure Python."""
+    return _choose([(_poly1305_pycryptodome if _Poly1305_MAC else None, "pycryptodome Poly1305_MAC"),
+                    (_poly1305_pure, "pure Python")], _answers(_POLY1305_ANSWERS))
 
 
-# Poly1305: pycryptodome's raw-key class, else pure Python.
-poly1305, POLY1305_ROUTE = _choose(
-    _poly1305_pycryptodome, "pycryptodome Poly1305_MAC", _poly1305_pure, _POLY1305_ANSWERS)
+poly1305, POLY1305_ROUTE, _PASSED_OVER["Poly1305"] = _poly1305_route()
 
 # Salsa20 (obfs4-primitives.json, "xsalsa20": NaCl's stream3 under its HSalsa20 subkey,
-# the second "hsalsa20" output): 160 bytes, so three blocks; the raw call, else the
-# public API (there is no pure-Python Salsa20 here: pycryptodome is a dependency).
+# the second "hsalsa20" output): 160 bytes, so three blocks.
 _SALSA20_KEY = bytes.fromhex("dc908dda0b9344a953629b733820778880f3ceb421bb61b91cbd4c3e66256ce4")
 _SALSA20_ANSWERS = [
     ((_SALSA20_KEY, bytes.fromhex("8219e0036b7a0b37"), bytes(32)),
@@ -304,11 +429,22 @@ _SALSA20_ANSWERS = [
         "0376529fcc09bab506c618e13ce777d82c3ae9d1a6f972d4160287cbfe60bf2130fc0a6ff6049d0a5c8a82f429"
         "231f008082e845d7e189d37f9ed2b464e6b919e6523a8c1210")),
 ]
-# Only the public API: there is no pure-Python Salsa20 here (pycryptodome is a
-# dependency), so the known answer above proves it rather than picks it.
-_salsa20_xor, SALSA20_ROUTE = _choose(
-    _salsa20_xor_pycryptodome, "pycryptodome Salsa20", _salsa20_xor_pycryptodome,
-    _SALSA20_ANSWERS, "pycryptodome Salsa20 (failed its known answer!)")
+
+
+def _require_salsa20(salsa20_xor):
+    """Salsa20 has no fallback (there is no pure-Python Salsa20 here: pycryptodome is a
+    dependency), so its known answer does not pick a route, it decides whether we run
+    at all: KnownAnswerError unless ``salsa20_xor`` gives every answer."""
+    if not _gives(salsa20_xor, _SALSA20_ANSWERS):
+        raise KnownAnswerError(
+            "pycryptodome's Salsa20 gave a wrong known answer (NaCl's stream3 vector): "
+            "refusing to run obfs4 with a broken cipher. Reinstall pycryptodome "
+            "(python3 -m pip install --force-reinstall pycryptodome) and try again.")
+    return salsa20_xor
+
+
+_salsa20_xor = _require_salsa20(_salsa20_xor_pycryptodome)
+SALSA20_ROUTE = "pycryptodome Salsa20"
 
 # NaCl's core1/core2 examples (obfs4-primitives.json, "hsalsa20"); the second has a
 # non-zero block counter, so it proves that ``seek`` reaches it.
@@ -320,8 +456,14 @@ _HSALSA20_ANSWERS = [
      bytes.fromhex("dc908dda0b9344a953629b733820778880f3ceb421bb61b91cbd4c3e66256ce4")),
 ]
 
-hsalsa20, HSALSA20_ROUTE = _choose(
-    _hsalsa20_pycryptodome, "pycryptodome Salsa20 seek", _hsalsa20_pure, _HSALSA20_ANSWERS)
+
+def _hsalsa20_route():
+    """HSalsa20: one seeked pycryptodome Salsa20 block, else pure Python."""
+    return _choose([(_hsalsa20_pycryptodome, "pycryptodome Salsa20 seek"), (_hsalsa20_pure, "pure Python")],
+                   _answers(_HSALSA20_ANSWERS))
+
+
+hsalsa20, HSALSA20_ROUTE, _PASSED_OVER["HSalsa20"] = _hsalsa20_route()
 
 
 # --------------------------------------------------------------------------------------
@@ -358,15 +500,26 @@ def _open(subkey, nonce8, box):
 class SecretBox:
     """One direction of obfs4 frames: a fixed key and 16-byte nonce prefix.
 
-    The HSalsa20 subkey depends only on the key and the prefix, so it is computed once
-    here; each frame then costs one Salsa20 object and one Poly1305.
-    ``seal``/``open`` take the frame counter (0 .. 2^64 - 1; obfs4 starts at 1)."""
+        nonce = nonce_prefix | BE64(counter)        box = tag (16) | ciphertext
+
+    ``seal``/``open`` take the frame counter (0 .. 2^64 - 1; obfs4 starts at 1) and
+    never let a nonce leave 64 bits. ``SecretBox(key, prefix)`` makes an instance of
+    the route chosen at import (``SECRETBOX_ROUTE``):
+
+    * ``_NaClSecretBox``: libsodium's crypto_secretbox, the whole box in one C call;
+    * ``_PortableSecretBox``: the HSalsa20 subkey depends only on the key and the
+      prefix, so it is computed once per direction; each frame then costs one
+      pycryptodome Salsa20 call and one Poly1305.
+    """
+
+    def __new__(cls, key32, nonce_prefix16):
+        return super().__new__(_SecretBoxRoute if cls is SecretBox else cls)
 
     def __init__(self, key32, nonce_prefix16):
         if len(key32) != 32 or len(nonce_prefix16) != 16:
             raise ValueError("SecretBox needs a 32-byte key and a 16-byte nonce prefix")
         self.nonce_prefix = bytes(nonce_prefix16)
-        self._subkey = hsalsa20(key32, nonce_prefix16)
+        self._key = bytes(key32)
 
     def nonce(self, counter):
         """nonce = nonce_prefix | BE64(counter)   (24 bytes)"""
@@ -374,16 +527,68 @@ class SecretBox:
 
     def seal(self, counter, packet):
         """tag (16) | ciphertext (len(packet))."""
-        return _seal(self._subkey, _be64(counter), packet)
+        raise NotImplementedError
+
+    def seal_packets(self, counter, packets):
+        """[seal(counter, packets[0]), seal(counter + 1, packets[1]), ...]: a whole write
+        in one call. Nothing is sealed if the last counter would leave 64 bits."""
+        _check_counters(counter, len(packets))
+        seal = self.seal
+        return [seal(n, packet) for n, packet in enumerate(packets, counter)]
 
     def open(self, counter, box):
         """The packet inside ``box`` (tag | ciphertext); ValueError("bad tag") if forged,
         damaged, too short, or sealed under another counter."""
-        return bytes(_open(self._subkey, _be64(counter), box))
+        return bytes(self.open_view(counter, box))
 
     def open_view(self, counter, box):
-        """``open`` without the final copy: a memoryview of the packet (the decoder's
-        hot path slices payloads out of it)."""
+        """``open`` without a final copy: the packet as bytes or a memoryview (the
+        decoder's hot path slices payloads out of it)."""
+        raise NotImplementedError
+
+
+# crypto_secretbox_easy (PyNaCl >= 1.6) spares NaCl's 32 bytes of zero padding, ~0.15 µs
+# a frame; PyNaCl 1.5 (Debian 12's python3-nacl) has only crypto_secretbox. Both return
+# tag | ciphertext, and the self-test proves whichever is used.
+_nacl_seal = getattr(_nacl, "crypto_secretbox_easy", None) or getattr(_nacl, "crypto_secretbox", None)
+
+
+class _NaClSecretBox(SecretBox):
+    """crypto_secretbox through PyNaCl. libsodium takes the whole 24-byte nonce and
+    derives HSalsa20(key, prefix) itself on every call (~0.1 µs of C, less than any
+    way round it from Python); seal and open are one C call each."""
+
+    def seal(self, counter, packet):
+        return _nacl_seal(bytes(packet), self.nonce_prefix + _be64(counter), self._key)
+
+    def seal_packets(self, counter, packets):
+        _check_counters(counter, len(packets))
+        seal, prefix, key = _nacl_seal, self.nonce_prefix, self._key
+        return [seal(bytes(packet), prefix + n.to_bytes(8, "big"), key)
+                for n, packet in enumerate(packets, counter)]
+
+    def open_view(self, counter, box):
+        # crypto_secretbox_open (not _easy): it prepends NaCl's 16 zero bytes with "+", so
+        # it takes the decoder's memoryview as it is (bytes() first would cost ~0.2 µs a
+        # frame, _easy ~0.4 µs more); a short box fails as a bad one. The self-test opens
+        # a memoryview, and the tests fail if this route is ever passed over.
+        try:
+            return _nacl.crypto_secretbox_open(box, self.nonce_prefix + _be64(counter), self._key)
+        except _NaClError:
+            raise ValueError("bad tag") from None
+
+
+class _PortableSecretBox(SecretBox):
+    """pycryptodome's Salsa20 and the Poly1305 route, with the HSalsa20 subkey cached."""
+
+    def __init__(self, key32, nonce_prefix16):
+        SecretBox.__init__(self, key32, nonce_prefix16)
+        self._subkey = hsalsa20(self._key, self.nonce_prefix)
+
+    def seal(self, counter, packet):
+        return _seal(self._subkey, _be64(counter), packet)
+
+    def open_view(self, counter, box):
         return _open(self._subkey, _be64(counter), box)
 
 
@@ -393,14 +598,82 @@ def _be64(counter):
     return counter.to_bytes(8, "big")
 
 
+def _check_counters(first, count):
+    """ValueError unless first .. first + count - 1 all fit in 64 bits."""
+    if count:
+        _be64(first)
+        _be64(first + count - 1)
+
+
 def secretbox_seal(key32, nonce24, message):
     """NaCl crypto_secretbox with the tag first (as Go's secretbox.Seal): tag | ct."""
-    return _seal(hsalsa20(key32, nonce24[:16]), bytes(nonce24[16:24]), message)
+    return SecretBox(key32, nonce24[:16]).seal(_counter_of(nonce24), message)
 
 
 def secretbox_open(key32, nonce24, box):
     """The message in ``box`` (tag | ct); ValueError("bad tag") when it does not verify."""
-    return bytes(_open(hsalsa20(key32, nonce24[:16]), bytes(nonce24[16:24]), box))
+    return SecretBox(key32, nonce24[:16]).open(_counter_of(nonce24), box)
+
+
+def _counter_of(nonce24):
+    if len(nonce24) != 24:
+        raise ValueError("a secretbox nonce is 24 bytes, not %d" % len(nonce24))
+    return int.from_bytes(nonce24[16:], "big")
+
+
+# obfs4-primitives.json, "secretbox": NaCl's secretbox.c (131 bytes) and Go's
+# TestSecretBox (64 bytes), as (key, nonce, message, tag | ciphertext).
+_SECRETBOX_ANSWERS = [
+    (bytes.fromhex("1b27556473e985d462cd51197a9a46c76009549eac6474f206c4ee0844f68389"),
+     bytes.fromhex("69696ee955b62b73cd62bda875fc73d68219e0036b7a0b37"),
+     bytes.fromhex(
+         "be075fc53c81f2d5cf141316ebeb0c7b5228c52a4c62cbd44b66849b64244ffce5ecbaaf33bd751a1ac728d45e6c6129"
+         "6cdc3c01233561f41db66cce314adb310e3be8250c46f06dceea3a7fa1348057e2f6556ad6b1318a024a838f21af1f"
+         "de048977eb48f59ffd4924ca1c60902e52f0a089bc76897040e082f937763848645e0705"),
+     bytes.fromhex(
+         "f3ffc7703f9400e52a7dfb4b3d3305d98e993b9f48681273c29650ba32fc76ce48332ea7164d96a4476fb8c531a1186a"
+         "c0dfc17c98dce87b4da7f011ec48c97271d2c20f9b928fe2270d6fb863d51738b48eeee314a7cc8ab932164548e526"
+         "ae90224368517acfeabd6bb3732bc0e9da99832b61ca01b6de56244a9e88d5f9b37973f622a43d14a6599b1f654cb4"
+         "5a74e355a5")),
+    (b"\x01" * 32, b"\x02" * 24, b"\x03" * 64, bytes.fromhex(
+        "8442bc313f4626f1359e3b50122b6ce6fe66ddfe7d39d14e637eb4fd5b45beadab55198df6ab5368439792a23c87db70"
+        "acb6156dc5ef957ac04f6276cf6093b84be77ff0849cc33e34b7254d5a8f65ad")),
+]
+
+
+def _secretbox_proven(route):
+    """True if the SecretBox class ``route`` seals each vector's message to its box
+    (alone and as a one-packet batch), opens the box back (given bytes and given a
+    memoryview), and refuses the box with the first or the last bit flipped, and a
+    box shorter than a tag: the known answers, and the known refusals."""
+    try:
+        for key, nonce, message, box in _SECRETBOX_ANSWERS:
+            sb, counter = route(key, nonce[:16]), _counter_of(nonce)
+            if sb.seal(counter, message) != box or sb.seal_packets(counter, [message]) != [box]:
+                return False
+            if bytes(sb.open_view(counter, box)) != message or \
+                    bytes(sb.open_view(counter, memoryview(box))) != message:
+                return False
+            for forged in (bytes([box[0] ^ 1]) + box[1:], box[:-1] + bytes([box[-1] ^ 0x80]), box[:15]):
+                try:
+                    sb.open_view(counter, forged)
+                except ValueError:
+                    continue
+                return False
+        return True
+    except Exception:  # a broken fast route must never stop the program: the next one runs
+        return False
+
+
+def _secretbox_route():
+    """secretbox: PyNaCl, else pycryptodome's Salsa20 with the Poly1305 route."""
+    portable = "pycryptodome Salsa20 + %s" % (
+        "Poly1305_MAC" if poly1305 is _poly1305_pycryptodome else "pure-Python Poly1305")
+    return _choose([(_NaClSecretBox if _nacl else None, "PyNaCl crypto_secretbox"),
+                    (_PortableSecretBox, portable)], _secretbox_proven)
+
+
+_SecretBoxRoute, SECRETBOX_ROUTE, _PASSED_OVER["secretbox"] = _secretbox_route()
 
 
 # --------------------------------------------------------------------------------------
@@ -408,6 +681,7 @@ def secretbox_open(key32, nonce24, box):
 # --------------------------------------------------------------------------------------
 
 M64 = 0xFFFFFFFFFFFFFFFF
+_ROTATE = (1 << 64) | 1        # x * _ROTATE >> (64 - k) & M64 == x <<< k, for x < 2^64
 
 
 def _sip_rounds(v0, v1, v2, v3, n):
@@ -478,9 +752,11 @@ class HashDrbg:
     for each digest: O(1) per block.
 
     ``blocks(count)`` and ``masks(count)`` draw many blocks in one call: each block is
-    8 SipRounds that no trick shortens (each needs the last), so the one saving is
-    Python's: one loop with everything in local variables (~5.5 µs a block against ~7
-    through the three helper functions). Blocks are kept as little-endian integers."""
+    8 SipRounds that no trick shortens (each needs the last), so the savings are
+    Python's: one loop with everything in local variables (~5.5-7 µs a block, against
+    ~7-9 through the three helper functions). Blocks are kept as little-endian integers.
+    No C library helps here (see "Routes"): this is the largest cost of a frame once
+    libsodium seals it."""
 
     def __init__(self, seed24):
         if len(seed24) != DRBG_SEED_LENGTH:
@@ -510,42 +786,115 @@ class HashDrbg:
         """The next ``count`` blocks as little-endian integers: for each, absorb the
         last block m (v3 ^= m; 2 SipRounds; v0 ^= m), then finish a copy with the length
         word b = (bytes absorbed mod 256) << 56 (v3 ^= b; 2 rounds; v0 ^= b; v2 ^= 0xff;
-        4 rounds; v0 ^ v1 ^ v2 ^ v3). The rounds are _sip_rounds', written out."""
-        M = M64
+        4 rounds; v0 ^ v1 ^ v2 ^ v3).
+
+        This is the hottest loop of a bulk transfer, so the eight rounds of _sip_rounds
+        are written out (no loop counters: ~5% of a block) and cheapened (~5% more):
+
+        * x <<< k as ``x * R >> (64 - k) & M``, R = 2^64 + 1: for x < 2^64, x * R is x
+          written twice side by side, and any 64-bit window of it is a rotation of x
+          (3 operations instead of 4). Python's precedence is * >> & ^, so
+          ``v1 * R >> 51 & M ^ v0`` is (v1 <<< 13) ^ v0;
+        * the last half-round adds v0 into v3 and then takes v0 ^ v1 ^ v2 ^ v3, so v0
+          cancels: v0 ^ v1 ^ v2 ^ v3 = (v1 <<< 17) ^ v2 ^ (v2 <<< 32) ^ (v3 <<< 21),
+          with v2 already += v1.
+        """
+        M, R = M64, _ROTATE
         v0, v1, v2, v3 = self._v
         m, fed, out = self._block, self._fed, []
         for _ in range(count):
             v3 ^= m
-            for _ in range(2):
-                v0 = (v0 + v1) & M
-                v1 = ((v1 << 13 | v1 >> 51) & M) ^ v0
-                v0 = (v0 << 32 | v0 >> 32) & M
-                v2 = (v2 + v3) & M
-                v3 = ((v3 << 16 | v3 >> 48) & M) ^ v2
-                v0 = (v0 + v3) & M
-                v3 = ((v3 << 21 | v3 >> 43) & M) ^ v0
-                v2 = (v2 + v1) & M
-                v1 = ((v1 << 17 | v1 >> 47) & M) ^ v2
-                v2 = (v2 << 32 | v2 >> 32) & M
+            # absorb m: round 1 of 2
+            v0 = v0 + v1 & M
+            v1 = v1 * R >> 51 & M ^ v0
+            v0 = v0 * R >> 32 & M
+            v2 = v2 + v3 & M
+            v3 = v3 * R >> 48 & M ^ v2
+            v0 = v0 + v3 & M
+            v3 = v3 * R >> 43 & M ^ v0
+            v2 = v2 + v1 & M
+            v1 = v1 * R >> 47 & M ^ v2
+            v2 = v2 * R >> 32 & M
+            # absorb m: round 2 of 2
+            v0 = v0 + v1 & M
+            v1 = v1 * R >> 51 & M ^ v0
+            v0 = v0 * R >> 32 & M
+            v2 = v2 + v3 & M
+            v3 = v3 * R >> 48 & M ^ v2
+            v0 = v0 + v3 & M
+            v3 = v3 * R >> 43 & M ^ v0
+            v2 = v2 + v1 & M
+            v1 = v1 * R >> 47 & M ^ v2
+            v2 = v2 * R >> 32 & M
             v0 ^= m
             fed += 8
             b = (fed & 0xFF) << 56
             a0, a1, a2, a3 = v0, v1, v2, v3 ^ b
-            for r in range(6):
-                if r == 2:
-                    a0 ^= b
-                    a2 ^= 0xFF
-                a0 = (a0 + a1) & M
-                a1 = ((a1 << 13 | a1 >> 51) & M) ^ a0
-                a0 = (a0 << 32 | a0 >> 32) & M
-                a2 = (a2 + a3) & M
-                a3 = ((a3 << 16 | a3 >> 48) & M) ^ a2
-                a0 = (a0 + a3) & M
-                a3 = ((a3 << 21 | a3 >> 43) & M) ^ a0
-                a2 = (a2 + a1) & M
-                a1 = ((a1 << 17 | a1 >> 47) & M) ^ a2
-                a2 = (a2 << 32 | a2 >> 32) & M
-            m = a0 ^ a1 ^ a2 ^ a3
+            # finish a copy: absorb b, round 1 of 2
+            a0 = a0 + a1 & M
+            a1 = a1 * R >> 51 & M ^ a0
+            a0 = a0 * R >> 32 & M
+            a2 = a2 + a3 & M
+            a3 = a3 * R >> 48 & M ^ a2
+            a0 = a0 + a3 & M
+            a3 = a3 * R >> 43 & M ^ a0
+            a2 = a2 + a1 & M
+            a1 = a1 * R >> 47 & M ^ a2
+            a2 = a2 * R >> 32 & M
+            # absorb b, round 2 of 2
+            a0 = a0 + a1 & M
+            a1 = a1 * R >> 51 & M ^ a0
+            a0 = a0 * R >> 32 & M
+            a2 = a2 + a3 & M
+            a3 = a3 * R >> 48 & M ^ a2
+            a0 = a0 + a3 & M
+            a3 = a3 * R >> 43 & M ^ a0
+            a2 = a2 + a1 & M
+            a1 = a1 * R >> 47 & M ^ a2
+            a2 = a2 * R >> 32 & M
+            a0 ^= b
+            a2 ^= 0xFF
+            # finalisation round 1 of 4
+            a0 = a0 + a1 & M
+            a1 = a1 * R >> 51 & M ^ a0
+            a0 = a0 * R >> 32 & M
+            a2 = a2 + a3 & M
+            a3 = a3 * R >> 48 & M ^ a2
+            a0 = a0 + a3 & M
+            a3 = a3 * R >> 43 & M ^ a0
+            a2 = a2 + a1 & M
+            a1 = a1 * R >> 47 & M ^ a2
+            a2 = a2 * R >> 32 & M
+            # finalisation round 2 of 4
+            a0 = a0 + a1 & M
+            a1 = a1 * R >> 51 & M ^ a0
+            a0 = a0 * R >> 32 & M
+            a2 = a2 + a3 & M
+            a3 = a3 * R >> 48 & M ^ a2
+            a0 = a0 + a3 & M
+            a3 = a3 * R >> 43 & M ^ a0
+            a2 = a2 + a1 & M
+            a1 = a1 * R >> 47 & M ^ a2
+            a2 = a2 * R >> 32 & M
+            # finalisation round 3 of 4
+            a0 = a0 + a1 & M
+            a1 = a1 * R >> 51 & M ^ a0
+            a0 = a0 * R >> 32 & M
+            a2 = a2 + a3 & M
+            a3 = a3 * R >> 48 & M ^ a2
+            a0 = a0 + a3 & M
+            a3 = a3 * R >> 43 & M ^ a0
+            a2 = a2 + a1 & M
+            a1 = a1 * R >> 47 & M ^ a2
+            a2 = a2 * R >> 32 & M
+            # finalisation round 4 of 4, as far as v0 ^ v1 ^ v2 ^ v3 needs it
+            a0 = a0 + a1 & M
+            a1 = a1 * R >> 51 & M ^ a0
+            a0 = a0 * R >> 32 & M
+            a2 = a2 + a3 & M
+            a3 = a3 * R >> 48 & M ^ a2
+            a2 = a2 + a1 & M
+            m = (a1 * R >> 47 ^ a2 * R >> 32 ^ a3 * R >> 43) & M ^ a2
             out.append(m)
         self._v, self._block, self._fed = (v0, v1, v2, v3), m, fed
         return out
@@ -710,12 +1059,23 @@ def _is_square(x):
     return n == 1 and sign == 1
 
 
-def _inv_sqrt(x):
+def _field_pow_pure(x, exponent):
+    """x^exponent mod p with Python's pow(): ~95 µs for a 252-bit exponent."""
+    return pow(x, exponent, P)
+
+
+def _field_pow_pycryptodome(x, exponent):
+    """x^exponent mod p with pycryptodome's Integer (C: ~40 µs for a 252-bit exponent)."""
+    return int(_Integer(x % P).inplace_pow(exponent, P))
+
+
+def _inv_sqrt(x, power=_field_pow_pure):
     """s with s^2 = 1/x, or None when x is 0 or not a square; one exponentiation.
     Since p = 5 mod 8, c = x^((p-5)/8) gives c^2 x = x^((p-1)/4), a fourth root of 1
     when x is a square: c^2 x = 1 means s = c; c^2 x = -1 means s = c·sqrt(-1);
-    anything else (sqrt(-1) or its negative, or 0) means no root."""
-    c = pow(x, (P - 5) // 8, P)
+    anything else (sqrt(-1) or its negative, or 0) means no root. ``power`` is the
+    field-power route (``_field_pow``)."""
+    c = power(x, (P - 5) // 8)
     check = c * c * x % P
     if check == 1:
         return c
@@ -781,16 +1141,44 @@ def _x25519_pycryptodome(scalar32, u32):
         return bytes(32)
 
 
-# RFC 7748 section 5.2 (first vector) and a low-order u (0), whose answer is all zeros.
+def _x25519_nacl(scalar32, u32):
+    """libsodium's crypto_scalarmult, which clamps the scalar and ignores bit 255 of u
+    as RFC 7748 says. It refuses a low-order u (and any all-zero product) with an
+    error, where the ladder's answer is 0: so 0 it is, as on the other routes. PyNaCl
+    hands the buffers to C unchecked: the lengths are checked here."""
+    if len(scalar32) != 32 or len(u32) != 32:
+        raise ValueError("X25519 takes a 32-byte scalar and a 32-byte u, not %d and %d"
+                         % (len(scalar32), len(u32)))
+    try:
+        return _nacl.crypto_scalarmult(bytes(scalar32), bytes(u32))
+    except RuntimeError:        # nacl.exceptions.RuntimeError: libsodium returned -1
+        return bytes(32)
+
+
+_RFC7748_SCALAR = bytes.fromhex("a546e36bf0527c9d3b16154b82465edd62144c0ac1fc5a18506a2244ba449ac4")
+_RFC7748_U = bytes.fromhex("e6db6867583030db3594c1a424b15f7c726624ec26b3353b10a903a6d0ab1c4c")
+_RFC7748_OUT = bytes.fromhex("c3da55379de9c6908e94ea4df28d084f32eccf03491c71f754b4075577a28552")
+# RFC 7748 section 5.2 (first vector), the same u with bit 255 set (which must be
+# ignored), section 6.1's shared secret (Alice's scalar, Bob's public key), and a
+# low-order u (0), whose answer is all zeros.
 _X25519_ANSWERS = [
-    ((bytes.fromhex("a546e36bf0527c9d3b16154b82465edd62144c0ac1fc5a18506a2244ba449ac4"),
-      bytes.fromhex("e6db6867583030db3594c1a424b15f7c726624ec26b3353b10a903a6d0ab1c4c")),
-     bytes.fromhex("c3da55379de9c6908e94ea4df28d084f32eccf03491c71f754b4075577a28552")),
+    ((_RFC7748_SCALAR, _RFC7748_U), _RFC7748_OUT),
+    ((_RFC7748_SCALAR, _RFC7748_U[:31] + bytes([_RFC7748_U[31] | 0x80])), _RFC7748_OUT),
+    ((bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"),
+      bytes.fromhex("de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f")),
+     bytes.fromhex("4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742")),
     ((bytes(range(32)), bytes(32)), bytes(32)),
 ]
 
-x25519, X25519_ROUTE = _choose(
-    _x25519_pycryptodome, "pycryptodome Crypto.Protocol.DH", _x25519_pure, _X25519_ANSWERS)
+
+def _x25519_route():
+    """X25519: PyNaCl, else pycryptodome's DH, else the pure ladder."""
+    return _choose([(_x25519_nacl if _nacl else None, "PyNaCl crypto_scalarmult"),
+                    (_x25519_pycryptodome if _DH else None, "pycryptodome Crypto.Protocol.DH"),
+                    (_x25519_pure, "pure Python")], _answers(_X25519_ANSWERS))
+
+
+x25519, X25519_ROUTE, _PASSED_OVER["X25519"] = _x25519_route()
 
 
 def x25519_base(scalar32):
@@ -828,9 +1216,16 @@ def elligator2_inverse(u32, tweak):
     2. s = 1 / sqrt(t)                           (either root: step 4 fixes the sign)
     3. r = u s if tweak & 1 == 0, else r = (u + A) s
     4. if r > (p - 1) / 2: r = p - r
-    5. 32 bytes little-endian (top two bits 0), byte 31 |= tweak & 0xC0."""
+    5. 32 bytes little-endian (top two bits 0), byte 31 |= tweak & 0xC0.
+
+    Key generation runs this about twice per keypair; the exponentiation of step 2 is
+    most of its cost, so it goes through the field-power route (``ELLIGATOR2_ROUTE``)."""
+    return _elligator2_inverse(u32, tweak, _field_pow)
+
+
+def _elligator2_inverse(u32, tweak, power):
     u = _u_int(u32)
-    s = _inv_sqrt(-2 * u * (u + A) % P)
+    s = _inv_sqrt(-2 * u * (u + A) % P, power)
     if s is None:
         return None
     r = (u if tweak & 1 == 0 else u + A) * s % P
@@ -839,6 +1234,32 @@ def elligator2_inverse(u32, tweak):
     out = bytearray(_bytes32(r))
     out[31] |= tweak & 0xC0
     return bytes(out)
+
+
+# obfs4-elligator2.json's inverse_map: two u with both formulas of step 3 (tweak bit 0)
+# and top bits, and a u without a representative (None).
+_ELLIGATOR2_ANSWERS = [((bytes.fromhex(u), tweak), r and bytes.fromhex(r)) for u, tweak, r in (
+    ("242ae39ef158ed60f20b89396d7d7eef5374aba15dc312a6aea6d1e57cacf85e", 0x00,
+     "53ac376d482ecf2e086eafecf7884c0a60beeca18a1f154e6e9829a632436c0e"),
+    ("242ae39ef158ed60f20b89396d7d7eef5374aba15dc312a6aea6d1e57cacf85e", 0x81,
+     "673a505e107189ee54ca93310ac42e4545e9e59050aaac6f8b5f64295c8ec0af"),
+    ("696f341266c64bcfa7afa834f8c34b2730be11c932e08474d1a22f26ed82410b", 0x00,
+     "922688fa428d42bc1fa8806998fbc5959ae801817e85a42a45e8ec25a0d7541a"),
+    ("696f341266c64bcfa7afa834f8c34b2730be11c932e08474d1a22f26ed82410b", 0x01,
+     "d828b3b651927661a4698315d4f04d339652baa1e169799178371eead15f803a"),
+    ("0300000000000000000000000000000000000000000000000000000000000000", 0x00, None))]
+
+
+def _elligator2_route():
+    """The field power of Elligator2's inverse map: pycryptodome's Integer, else pow(),
+    each proven through the whole map on the vectors."""
+    name = "pycryptodome Integer (%s)" % getattr(_Integer, "__name__", "missing")
+    return _choose([(_field_pow_pycryptodome if _Integer else None, name), (_field_pow_pure, "pure Python")],
+                   lambda power: _gives(lambda u32, tweak: _elligator2_inverse(u32, tweak, power),
+                                        _ELLIGATOR2_ANSWERS))
+
+
+_field_pow, ELLIGATOR2_ROUTE, _PASSED_OVER["Elligator2"] = _elligator2_route()
 
 
 # --------------------------------------------------------------------------------------
@@ -919,19 +1340,66 @@ def _dirty_u_unavailable(priv32):
 
 try:
     _dirty_u_pycryptodome = _make_dirty_u_pycryptodome()
-except Exception:  # too old or changed: the self-test below then picks the pure route
+except Exception:  # too old or changed: the self-test below then picks the next route
     _dirty_u_pycryptodome = _dirty_u_unavailable
 
-# Two dirty keys (torsion indexes 0 and 7) from obfs4-elligator2.json's dirty_keypairs.
-_EDWARDS_ANSWERS = [
-    ((bytes.fromhex("b81ef6327d03a6f88c00609864ecb20274788613c6d3a2fb4623bbcc7c02cc75"),),
-     bytes.fromhex("d9cd8e229ba9e3414c56b7e66f58cc6c0680ac60b343c71822b59eaf78c03722")),
-    ((bytes.fromhex("df1c089cc98282ba9c1b23338715f6ab1ffef0ab605e1f320b2271cc3d49e932"),),
-     bytes.fromhex("df035ae1494d7c550bd5d896372f8df941a85b7dc2d8dd85961e80d7abdef370")),
-]
 
-_dirty_u, EDWARDS_ROUTE = _choose(
-    _dirty_u_pycryptodome, "pycryptodome EccPoint", _dirty_u_pure, _EDWARDS_ANSWERS)
+def _ed_encode(x, y):
+    """An edwards25519 point as RFC 8032 (and libsodium) encodes it: y little-endian,
+    with x mod 2 in bit 255."""
+    return (y | (x & 1) << 255).to_bytes(32, "little")
+
+
+_TORSION_ENCODED = [_ed_encode(x, y) for x, y in TORSION]
+
+
+def _dirty_u_nacl(priv32):
+    """u of clamp(priv)·G + T[priv[0] & 7] with libsodium:
+
+        E = crypto_scalarmult_ed25519_base(clamp(priv))   (constant time; it clamps
+                                                          again, which changes nothing)
+        E = crypto_core_ed25519_add(E, T[i])             for i = priv[0] & 7 != 0
+        u = (1 + y) / (1 - y)                            y = E's encoding, bit 255 cleared
+
+    We pass the clamped scalar, not priv: libsodium refuses an all-zero input, and
+    clamp(priv) (between 2^254 and 2^255) is never 0 nor a multiple of the group order."""
+    point = _nacl.crypto_scalarmult_ed25519_base(_bytes32(_clamp(priv32)))
+    index = priv32[0] & 7
+    if index:
+        point = _nacl.crypto_core_ed25519_add(point, _TORSION_ENCODED[index])
+    return _bytes32(_u_from_edwards(int.from_bytes(point, "little") & M255))
+
+
+# The dirty keys of obfs4-elligator2.json's dirty_keypairs: one for each torsion index
+# 0..7 (in this order), so that every torsion point is proven.
+_EDWARDS_ANSWERS = [((bytes.fromhex(priv),), bytes.fromhex(u)) for priv, u in (
+    ("b81ef6327d03a6f88c00609864ecb20274788613c6d3a2fb4623bbcc7c02cc75",
+     "d9cd8e229ba9e3414c56b7e66f58cc6c0680ac60b343c71822b59eaf78c03722"),
+    ("919f82e84ea4eb467154f12e5f8333e1eaf851f39500344a3dd71946d70c4842",
+     "dec70317a984828717c549ffe65de813732f68c9242994287c33fe81a420a411"),
+    ("22be2d7ff2da6bc1367cd9cea21e8e6d7c382e87360c1cac21da91171d152c15",
+     "3feb1ccde0cab3e12f2c27795edb8bebaefebf90a29bdc3ea9994efb78083105"),
+    ("5b7cd72d6fea3d15d09b052599feb763060cb7c8d4aef4ae62ac5586f8ccc954",
+     "e1e6081b5abcede15fb0b7538b5acdab766ecccc0c76aef24efb3016d4956505"),
+    ("dc6d0ee8aceed348525776c7c364e3224ef7e04fc4be6d407a5bac40fa18e727",
+     "a1325741f5b21d4e7b7bc4e026c1e684dbe3b9c818dafe518e728e6c7fa5ba67"),
+    ("9d3399c25c376e0d5baac55ef5166d88a97defe58995f0b31fb69c481921594e",
+     "08a903dc1acb53c887d8a254ac71910a3ec1980c434ff39784e60edbfebf7b29"),
+    ("0e6e1a626321cbd0d12971b1770b7fcd170e47007b0002980d054739d5deaaba",
+     "7f06da6076bf15e04b82fb281e709a5418ab3db01e259c648fb146af6ebe1e04"),
+    ("df1c089cc98282ba9c1b23338715f6ab1ffef0ab605e1f320b2271cc3d49e932",
+     "df035ae1494d7c550bd5d896372f8df941a85b7dc2d8dd85961e80d7abdef370"))]
+
+
+def _edwards_route():
+    """The dirty key's Edwards work: PyNaCl, else pycryptodome's EccPoint, else pure Python."""
+    return _choose([(_dirty_u_nacl if _nacl else None, "PyNaCl crypto_scalarmult_ed25519_base"),
+                    (None if _dirty_u_pycryptodome is _dirty_u_unavailable else _dirty_u_pycryptodome,
+                     "pycryptodome EccPoint"),
+                    (_dirty_u_pure, "pure Python")], _answers(_EDWARDS_ANSWERS))
+
+
+_dirty_u, EDWARDS_ROUTE, _PASSED_OVER["edwards25519"] = _edwards_route()
 
 
 def dirty_public_key(priv32):
@@ -955,3 +1423,46 @@ def generate_keypair(randbytes=os.urandom):
         representative = elligator2_inverse(u, tweak)
         if representative is not None:
             return priv, u, representative
+
+
+# --------------------------------------------------------------------------------------
+# The route report
+# --------------------------------------------------------------------------------------
+
+DRBG_ROUTE = "pure Python"      # always: no library has an incremental SipHash (see "Routes")
+
+
+def routes():
+    """{piece: route} for every piece obfs4 runs, as chosen at import, e.g.
+    {"secretbox": "PyNaCl crypto_secretbox", ..., "hash DRBG": "pure Python"}.
+    Poly1305, HSalsa20 and Salsa20 are the portable secretbox's parts (and HSalsa20
+    serves ``xsalsa20_keystream``); obfs3's modexp is reported by obfs3.MODEXP_ROUTE."""
+    return {"secretbox": SECRETBOX_ROUTE, "X25519": X25519_ROUTE, "edwards25519": EDWARDS_ROUTE,
+            "Elligator2": ELLIGATOR2_ROUTE, "hash DRBG": DRBG_ROUTE, "Poly1305": POLY1305_ROUTE,
+            "HSalsa20": HSALSA20_ROUTE, "Salsa20": SALSA20_ROUTE}
+
+
+def pure_python_routes():
+    """The pieces in use that fell back to pure Python although a C route exists, for a
+    one-time warning (slower, and not constant time): e.g. ["X25519"] when neither
+    PyNaCl nor pycryptodome >= 3.21 is there. Poly1305 and HSalsa20 count only when
+    the portable secretbox runs. Not listed, because no install changes it: the hash
+    DRBG, which is Python by design (see "Routes")."""
+    pieces = ["X25519", "edwards25519", "Elligator2"]
+    if _SecretBoxRoute is _PortableSecretBox:
+        pieces = ["Poly1305", "HSalsa20"] + pieces
+    chosen = routes()
+    return [piece for piece in pieces if chosen[piece] == "pure Python"]
+
+
+def route_report():
+    """One line naming every route (for the startup log and ``python3 -c``), with why a
+    faster route was passed over: PyNaCl missing or ignored, or a known answer failed."""
+    parts = []
+    for piece, route in routes().items():
+        failed = _PASSED_OVER.get(piece)
+        parts.append("%s: %s%s" % (piece, route, " (%s failed its known answer)" % ", ".join(failed)
+                                   if failed else ""))
+    if NACL_UNAVAILABLE:
+        parts.append("PyNaCl not used: %s" % NACL_UNAVAILABLE)
+    return "; ".join(parts)

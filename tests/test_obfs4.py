@@ -23,8 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import load_vectors
+from test_obfs4_crypto import ROUTES, use_route
 
 import obfs4
+import obfs4_crypto
 from obfs4_crypto import HashDrbg, WeightedDist, secretbox_open, secretbox_seal, x25519, x25519_base
 
 HANDSHAKE = load_vectors("obfs4-handshake.json")
@@ -209,6 +211,15 @@ def assert_fails(server, data):
     assert_silent(server)
 
 
+@pytest.fixture(params=ROUTES)
+def crypto_route(request, monkeypatch):
+    """The test once per family of obfs4_crypto routes (PyNaCl, pycryptodome, pure
+    Python, and the one chosen at import): the session must replay on each."""
+    use_route(monkeypatch, request.param)
+    monkeypatch.setattr(obfs4, "x25519", obfs4_crypto.x25519)      # obfs4 holds the name
+    return request.param
+
+
 # --- Known answers: ntor, HKDF, frames -------------------------------------------------
 
 def test_reference_ntor_matches_every_fixed_key_intermediate():
@@ -244,7 +255,7 @@ def test_ntor_refuses_a_zero_diffie_hellman_result():
         obfs4.server_ntor(hx(v["y"]), hx(v["Y"]), bytes(32), hx(v["b"]), hx(v["B"]), hx(v["node_id"]))
 
 
-def test_research_frames_encode_and_decode():
+def test_research_frames_encode_and_decode(crypto_route):
     frames = HANDSHAKE["research_frames"]
     okm = hx(HANDSHAKE["ntor_fixed_keys"]["okm144"])
     encoder, c2s = obfs4.FrameEncoder(okm[:72]), frames["client_to_server"]
@@ -257,7 +268,7 @@ def test_research_frames_encode_and_decode():
     assert ptype == obfs4.PACKET_TYPE_PRNG_SEED and len(payload) == 24
 
 
-def test_session_vector_is_what_the_spec_says():
+def test_session_vector_is_what_the_spec_says(crypto_route):
     """Anchor: the session's fields, rebuilt with hmac from the spec, are its messages."""
     x_repr, pad_c = hx(S["client_ephemeral"]["representative_X'"]), hx(S["client_padding_P_C"])
     m_c = H16(KEY, x_repr)
@@ -276,7 +287,7 @@ def test_session_vector_is_what_the_spec_says():
             assert secretbox_open(key[:32], hx(f["nonce"]), frame[2:]) == hx(f["packet"])
 
 
-def test_session_replays_byte_for_byte():
+def test_session_replays_byte_for_byte(crypto_route):
     # Client: the real keypair generation from the vector's CSPRNG input, then P_C.
     config = obfs4.Obfs4.client_config({"cert": CERT, "iat-mode": "0"})
     config.randbytes = Script(hx(S["client_ephemeral"]["csprng_input32"]), hx(S["client_padding_P_C"]))
@@ -707,6 +718,101 @@ def test_bad_packets_fail(bad_packet):
         server.receive(RefEncoder(C2S).frame(bad_packet))
 
 
+def deliver(side, pieces):
+    """Feed ``pieces`` in turn as the relay would: (all the payload delivered, the
+    error's reason or None). On ProtocolError the relay delivers its ``.data``, then stops."""
+    out = []
+    for piece in pieces:
+        try:
+            out.append(side.receive(piece))
+        except obfs4.ProtocolError as exc:
+            assert type(exc.data) is bytes
+            return b"".join(out) + exc.data, str(exc)
+    return b"".join(out), None
+
+
+def two_reads(wire):
+    return [[wire[:i], wire[i:]] for i in range(len(wire) + 1)]
+
+
+def bad_tag(frame):
+    return frame[:-1] + bytes([frame[-1] ^ 0x80])
+
+
+# Each wire: good frames, then a bad one (and maybe more), with what must come out.
+def wire_good_good_bad_tag():
+    e = RefEncoder(C2S)
+    wire = (e.frame(packet(0, b"first")) + e.frame(packet(0, b"second", 9))
+            + bad_tag(e.frame(packet(0, b"lost"))) + e.frame(packet(0, b"after")))
+    return wire, b"firstsecond", "frame 3: bad Poly1305 tag"
+
+
+def wire_bad_packet_then_bad_tag():
+    """Frame 2 authenticates but its packet is bad; frame 3 has a bad tag. In order,
+    the packet is the first failure, whichever frames arrive in the same read."""
+    e = RefEncoder(C2S)
+    wire = e.frame(packet(0, b"ok")) + e.frame(b"\x00\x00\x10" + bytes(5)) + bad_tag(e.frame(packet(0, b"x")))
+    return wire, b"ok", "packet payload length 16 exceeds the 5 bytes present"
+
+
+def wire_bad_length():
+    """A length out of range after a good frame: wait for the pretend length (here 116,
+    see ``randbelow`` below), then fail; the good frame still comes out."""
+    e = RefEncoder(C2S)
+    return e.frame(packet(0, b"kept")) + e.frame(packet(0, b"data"), length=2000)[:2] + bytes(116), \
+        b"kept", "frame length out of range (failed after the pretend length)"
+
+
+def wire_short_packet():
+    e = RefEncoder(C2S)
+    return e.frame(packet(0, filler(1427))) + e.frame(b"\x00\x00"), filler(1427), \
+        "packet of 2 bytes is shorter than its header"
+
+
+WIRES = [wire_good_good_bad_tag, wire_bad_packet_then_bad_tag, wire_bad_length, wire_short_packet]
+
+
+@pytest.mark.parametrize("make_wire", WIRES, ids=lambda f: f.__name__[5:])
+def test_good_frames_before_a_bad_one_are_delivered_whatever_the_split(make_wire):
+    """obfs4proxy relays what it decoded before tearing down: so do we, through the
+    error's ``.data``. Whole, in two reads at every offset, and byte by byte: the same
+    payload, then the same reason."""
+    wire, payload, reason = make_wire()
+    for pieces in [[wire]] + two_reads(wire) + [bytewise(wire)]:
+        client, server = make_client(), make_server()
+        server.config.randbelow = lambda n: 100                   # a pretend length of 116
+        connect(client, server)
+        assert deliver(server, pieces) == (payload, reason), [len(p) for p in pieces]
+        assert not server.is_open
+        with pytest.raises(obfs4.ProtocolError, match="already failed"):
+            server.receive(b"more")
+
+
+def test_the_client_delivers_frames_that_came_with_the_reply_before_a_bad_one(crypto_route):
+    client, server = make_client(), make_server()
+    assert server.receive(client.start()) == b""
+    s2c = RefEncoder(S2C)
+    s2c.frame(b"")                                                # the seed frame: counter 1
+    reply = server.data_to_send() + s2c.frame(packet(0, b"early")) + bad_tag(s2c.frame(packet(0, b"x")))
+    assert deliver(client, [reply]) == (b"early", "frame 3: bad Poly1305 tag")
+    assert not client.is_open
+
+
+def test_handshake_errors_carry_no_data():
+    server = make_server()
+    with pytest.raises(obfs4.ProtocolError) as failure:
+        server.receive(bytes(8192))
+    assert failure.value.data == b""
+
+
+def test_the_decoder_hands_over_the_packets_before_a_bad_frame():
+    e = RefEncoder(C2S)
+    decoder = obfs4.FrameDecoder(C2S)
+    with pytest.raises(obfs4.ProtocolError, match="frame 3") as failure:
+        decoder.decode(e.frame(packet(0, b"a")) + e.frame(packet(0, b"b")) + bad_tag(e.frame(packet(0))))
+    assert [bytes(p) for p in failure.value.packets] == [packet(0, b"a"), packet(0, b"b")]
+
+
 def test_unknown_types_and_misplaced_seeds_are_ignored():
     client, server = open_session_pair()
     encoder = RefEncoder(C2S)
@@ -763,7 +869,7 @@ def test_the_decoder_draws_one_mask_per_frame_whatever_the_split():
     assert got == [packet(0, filler(n)) for n in (0, 1, 1427, 50)]
 
 
-def test_a_batch_of_packets_is_the_frames_one_by_one():
+def test_a_batch_of_packets_is_the_frames_one_by_one(crypto_route):
     """encode_packets seals a whole write in one pass: the same bytes as the reference
     encoder's frames, one mask and one counter each, in order."""
     packets = [packet(0, filler(n)) for n in (1427, 0, 700, 1427, 5)] + [packet(0, b"", 1427)]

@@ -1,20 +1,27 @@
-"""obfs4_crypto against the known answers in shared/vectors, on both routes.
+"""obfs4_crypto against the known answers in shared/vectors, on every route.
 
 Every vector of obfs4-primitives.json, obfs4-elligator2.json and
-obfs4-drbg-probdist.json that concerns these primitives is checked here. Where a
-primitive has a fast pycryptodome route and a pure-Python one, the ``route`` fixture
-runs the test twice: once with the route the import-time self-test chose, once with
-the pure functions patched in, so both are proven on the same vectors.
+obfs4-drbg-probdist.json that concerns these primitives is checked here. The ``route``
+fixture runs a test once per route: the one the import-time self-tests chose, then
+each family patched in by hand (PyNaCl, pycryptodome, pure Python), so every route is
+proven on the same vectors whichever one this machine picks. A route whose library is
+missing is skipped here, and fails in CI (CI=true), which installs them all; PyNaCl
+ignored on purpose (OBFSPROXY_CRYPTO=portable) is skipped everywhere.
 """
 
 import hashlib
+import json
+import os
 import random
+import subprocess
+import sys
+import types
 
 import pytest
 from Crypto.Cipher import Salsa20
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import load_vectors
+from support import IN_CI, ROOT, load_vectors
 
 import obfs4_crypto as c
 
@@ -23,17 +30,52 @@ ELLIGATOR = load_vectors("obfs4-elligator2.json")
 DRBG = load_vectors("obfs4-drbg-probdist.json")
 h = bytes.fromhex
 P = 2 ** 255 - 19
+ROUTES = ["chosen route", "PyNaCl", "pycryptodome", "pure Python"]
 
 
-@pytest.fixture(params=["chosen route", "pure Python"])
+def need(present, what):
+    """Skip a test whose library is missing; in CI, fail it (CI installs everything)."""
+    if present:
+        return
+    if c.NACL_UNAVAILABLE == "%s=portable" % c.CRYPTO_ENV and what == "PyNaCl":
+        pytest.skip("PyNaCl is ignored here (%s=portable)" % c.CRYPTO_ENV)
+    if IN_CI:
+        pytest.fail("%s is missing, but CI installs it (requirements-dev.txt)" % what)
+    pytest.skip("%s is not installed" % what)
+
+
+def use_route(monkeypatch, name):
+    """Patch one family of routes into obfs4_crypto (until the test ends):
+    "PyNaCl" (secretbox, X25519, edwards25519), "pycryptodome" (those three and
+    Poly1305, HSalsa20, Elligator2's field power), "pure Python" (the pure functions;
+    the secretbox then runs pycryptodome's Salsa20, which has no alternative), "chosen
+    route" (nothing)."""
+    if name == "PyNaCl":
+        need(c._nacl is not None, "PyNaCl")
+        patch = {"_SecretBoxRoute": c._NaClSecretBox, "x25519": c._x25519_nacl, "_dirty_u": c._dirty_u_nacl}
+    elif name == "pycryptodome":
+        need(c._Poly1305_MAC is not None, "pycryptodome's Poly1305_MAC")
+        need(c._DH is not None, "pycryptodome >= 3.21 (Crypto.Protocol.DH)")
+        need(c._dirty_u_pycryptodome is not c._dirty_u_unavailable, "pycryptodome's Ed25519 EccPoint")
+        need(c._Integer is not None, "pycryptodome's Integer")
+        patch = {"_SecretBoxRoute": c._PortableSecretBox, "poly1305": c._poly1305_pycryptodome,
+                 "hsalsa20": c._hsalsa20_pycryptodome, "x25519": c._x25519_pycryptodome,
+                 "_dirty_u": c._dirty_u_pycryptodome, "_field_pow": c._field_pow_pycryptodome}
+    elif name == "pure Python":
+        patch = {"_SecretBoxRoute": c._PortableSecretBox, "poly1305": c._poly1305_pure,
+                 "hsalsa20": c._hsalsa20_pure, "x25519": c._x25519_pure, "_dirty_u": c._dirty_u_pure,
+                 "_field_pow": c._field_pow_pure, "_salsa20_xor": c._salsa20_xor_pycryptodome}
+    else:
+        assert name == "chosen route"
+        patch = {}
+    for attribute, value in patch.items():
+        monkeypatch.setattr(c, attribute, value)
+
+
+@pytest.fixture(params=ROUTES)
 def route(request, monkeypatch):
-    """Run the test on the self-tested route, then again on the pure fallbacks."""
-    if request.param == "pure Python":
-        monkeypatch.setattr(c, "poly1305", c._poly1305_pure)
-        monkeypatch.setattr(c, "x25519", c._x25519_pure)
-        monkeypatch.setattr(c, "_dirty_u", c._dirty_u_pure)
-        monkeypatch.setattr(c, "hsalsa20", c._hsalsa20_pure)
-        monkeypatch.setattr(c, "_salsa20_xor", c._salsa20_xor_pycryptodome)   # the public API
+    """Run the test on the self-tested routes, then on each family patched in."""
+    use_route(monkeypatch, request.param)
     return request.param
 
 
@@ -129,7 +171,7 @@ def test_secretbox_class_is_secretbox_with_a_counter_nonce(route, v):
     assert sb.open(counter, memoryview(bytearray(box))) == msg
 
 
-def test_secretbox_of_the_empty_packet():
+def test_secretbox_of_the_empty_packet(route):
     sb = c.SecretBox(bytes(range(32)), bytes(16))
     box = sb.seal(1, b"")
     assert len(box) == 16 and sb.open(1, box) == b""
@@ -145,8 +187,38 @@ def test_secretbox_round_trip(packet, counter):
     assert sb.seal(counter ^ 1, packet) != box                  # each counter its own stream
 
 
+@settings(max_examples=30, deadline=None)
+@given(packet=st.binary(max_size=1430), counter=st.integers(0, 2 ** 64 - 1))
+def test_secretbox_routes_agree(packet, counter):
+    """The PyNaCl box and the portable one: the same bytes, each opens the other's."""
+    if c._nacl is None:
+        return
+    nacl, portable = (box(b"\x11" * 32, b"\x22" * 16) for box in (c._NaClSecretBox, c._PortableSecretBox))
+    sealed = nacl.seal(counter, packet)
+    assert sealed == portable.seal(counter, packet)
+    assert portable.open(counter, sealed) == nacl.open(counter, sealed) == packet
+
+
+@pytest.mark.parametrize("first", [1, 2 ** 64 - 3])
+def test_seal_packets_is_seal_one_by_one(route, first):
+    sb = c.SecretBox(bytes(range(32)), bytes(range(16)))
+    packets = [b"", b"a", bytes(1430), os.urandom(700)]
+    assert sb.seal_packets(first, packets[:3]) == [sb.seal(first + i, p) for i, p in enumerate(packets[:3])]
+    assert sb.seal_packets(first, []) == sb.seal_packets(0, []) == []
+    with pytest.raises(ValueError, match="64 bits"):
+        sb.seal_packets(2 ** 64 - 3, packets)                    # the last would be 2^64
+    with pytest.raises(ValueError, match="64 bits"):
+        sb.seal_packets(-1, packets)
+
+
+def test_secretbox_is_an_instance_of_the_chosen_route(route):
+    sb = c.SecretBox(bytes(32), bytes(16))
+    assert isinstance(sb, c.SecretBox) and type(sb) is c._SecretBoxRoute
+    assert type(c._PortableSecretBox(bytes(32), bytes(16))) is c._PortableSecretBox
+
+
 @pytest.fixture
-def sealed():
+def sealed(route):
     sb = c.SecretBox(b"\x01" * 32, b"\x02" * 16)
     return sb, sb.seal(7, bytes(range(200)))
 
@@ -169,7 +241,7 @@ def test_open_rejects_a_flipped_bit_in_the_ciphertext(route, sealed, bit):
         sb.open(7, bytes(damaged))
 
 
-def test_open_rejects_the_wrong_counter_key_and_prefix(sealed):
+def test_open_rejects_the_wrong_counter_key_and_prefix(route, sealed):
     sb, box = sealed
     for counter in (6, 8, 7 + 2 ** 32):
         with pytest.raises(ValueError, match="bad tag"):
@@ -181,13 +253,13 @@ def test_open_rejects_the_wrong_counter_key_and_prefix(sealed):
 
 
 @pytest.mark.parametrize("length", [0, 1, 15])
-def test_open_rejects_a_box_shorter_than_a_tag(sealed, length):
+def test_open_rejects_a_box_shorter_than_a_tag(route, sealed, length):
     sb, box = sealed
     with pytest.raises(ValueError, match="bad tag"):
         sb.open(7, box[:length])
 
 
-def test_secretbox_argument_errors():
+def test_secretbox_argument_errors(route):
     with pytest.raises(ValueError):
         c.SecretBox(bytes(31), bytes(16))
     with pytest.raises(ValueError):
@@ -196,6 +268,10 @@ def test_secretbox_argument_errors():
     for counter in (-1, 2 ** 64):
         with pytest.raises(ValueError, match="64 bits"):
             sb.seal(counter, b"x")
+        with pytest.raises(ValueError, match="64 bits"):
+            sb.open(counter, bytes(17))
+    with pytest.raises(ValueError, match="24 bytes"):
+        c.secretbox_seal(bytes(32), bytes(23), b"x")
 
 
 # --- SipHash-2-4 ----------------------------------------------------------------------
@@ -219,6 +295,14 @@ def test_x25519(route, v):
     assert c.x25519(h(v["scalar"]), h(v["u"])) == h(v["out"])
     if v["u"] == "09" + "00" * 31:
         assert c.x25519_base(h(v["scalar"])) == h(v["out"])
+
+
+def test_x25519_on_pynacl_checks_lengths_before_calling_c():
+    """PyNaCl passes X25519's buffers to C unchecked: a short one must not be read past."""
+    need(c._nacl is not None, "PyNaCl")
+    for scalar, u in ((bytes(31), bytes(32)), (bytes(32), bytes(33))):
+        with pytest.raises(ValueError, match="32-byte"):
+            c._x25519_nacl(scalar, u)
 
 
 # u of low order (and their non-canonical encodings), cr.yp.to/ecdh.html#validate
@@ -445,18 +529,18 @@ TWEAKED = [(v["u"], int(key[len("tweak_"):], 16), r)
 
 
 @pytest.mark.parametrize("u, tweak, representative", TWEAKED)
-def test_elligator2_inverse_map(u, tweak, representative):
+def test_elligator2_inverse_map(route, u, tweak, representative):
     assert c.elligator2_inverse(h(u), tweak) == h(representative)
     assert c.elligator2_direct(h(representative)) == h(u)
 
 
 @pytest.mark.parametrize("u", ELLIGATOR["inverse_map"]["u_without_representative"])
-def test_elligator2_u_without_representative(u):
+def test_elligator2_u_without_representative(route, u):
     for tweak in (0, 1, 0x40, 0xC1, 0xFF):
         assert c.elligator2_inverse(h(u), tweak) is None
 
 
-def test_elligator2_inverse_reads_u_like_x25519():
+def test_elligator2_inverse_reads_u_like_x25519(route):
     """Bit 255 ignored, u reduced mod p (as RFC 7748 reads u)."""
     u, tweak, representative = TWEAKED[0]
     top_bit = bytearray(h(u))
@@ -548,44 +632,240 @@ def test_generate_keypair_uses_the_csprng_by_default():
     assert {r[31] >> 6 for r in keys} <= {0, 1, 2, 3}
 
 
-# --- the route choice -----------------------------------------------------------------
+# --- the route choice ---------------------------------------------------------------
 
-def test_routes_are_named():
-    assert c.POLY1305_ROUTE in ("pycryptodome Poly1305_MAC", "pure Python")
-    assert c.SALSA20_ROUTE == "pycryptodome Salsa20"
-    assert c.X25519_ROUTE in ("pycryptodome Crypto.Protocol.DH", "pure Python")
-    assert c.EDWARDS_ROUTE in ("pycryptodome EccPoint", "pure Python")
-    assert c.HSALSA20_ROUTE in ("pycryptodome Salsa20 seek", "pure Python")
+NACL_ROUTES = {"secretbox": "PyNaCl crypto_secretbox", "X25519": "PyNaCl crypto_scalarmult",
+               "edwards25519": "PyNaCl crypto_scalarmult_ed25519_base"}
+PORTABLE_ROUTES = {"secretbox": ("pycryptodome Salsa20 + Poly1305_MAC",
+                                 "pycryptodome Salsa20 + pure-Python Poly1305"),
+                   "X25519": ("pycryptodome Crypto.Protocol.DH", "pure Python"),
+                   "edwards25519": ("pycryptodome EccPoint", "pure Python"),
+                   "Poly1305": ("pycryptodome Poly1305_MAC", "pure Python"),
+                   "HSalsa20": ("pycryptodome Salsa20 seek", "pure Python"),
+                   "Elligator2": ("pycryptodome Integer (%s)" % getattr(c._Integer, "__name__", "-"),
+                                  "pure Python"),
+                   "Salsa20": ("pycryptodome Salsa20",), "hash DRBG": ("pure Python",)}
+
+
+def test_routes_name_every_piece_and_match_what_runs():
+    routes = c.routes()
+    assert set(routes) == set(PORTABLE_ROUTES)
+    for piece, route in routes.items():
+        assert route in PORTABLE_ROUTES[piece] + (NACL_ROUTES.get(piece),), piece
+    assert routes["secretbox"] == c.SECRETBOX_ROUTE and routes["X25519"] == c.X25519_ROUTE
+    assert routes["edwards25519"] == c.EDWARDS_ROUTE and routes["Poly1305"] == c.POLY1305_ROUTE
+    assert routes["HSalsa20"] == c.HSALSA20_ROUTE and routes["Salsa20"] == c.SALSA20_ROUTE
+    assert routes["Elligator2"] == c.ELLIGATOR2_ROUTE
+    assert (c._field_pow is c._field_pow_pure) == (c.ELLIGATOR2_ROUTE == "pure Python")
+    assert (c._SecretBoxRoute is c._NaClSecretBox) == (c.SECRETBOX_ROUTE == NACL_ROUTES["secretbox"])
+    assert (c.x25519 is c._x25519_nacl) == (c.X25519_ROUTE == NACL_ROUTES["X25519"])
+    assert (c._dirty_u is c._dirty_u_nacl) == (c.EDWARDS_ROUTE == NACL_ROUTES["edwards25519"])
     assert (c.hsalsa20 is c._hsalsa20_pure) == (c.HSALSA20_ROUTE == "pure Python")
     assert (c.poly1305 is c._poly1305_pure) == (c.POLY1305_ROUTE == "pure Python")
     assert (c.x25519 is c._x25519_pure) == (c.X25519_ROUTE == "pure Python")
     assert (c._dirty_u is c._dirty_u_pure) == (c.EDWARDS_ROUTE == "pure Python")
 
 
-def test_the_fast_routes_run_wherever_pycryptodome_has_them():
+def test_route_report_names_every_route_and_why_pynacl_is_not_used():
+    report = c.route_report()
+    for piece, route in c.routes().items():
+        assert "%s: %s" % (piece, route) in report
+    assert ("PyNaCl not used: " in report) == (c._nacl is None)
+
+
+def test_the_fast_routes_run_wherever_their_library_is():
     """A fast route that exists but fails its self-test falls back silently (correct, but
-    2-10x slower): with the pycryptodome this project pins, all three must be chosen."""
+    slower): with the libraries this project installs, the fastest must be chosen."""
+    if c._nacl is not None:
+        assert {piece: c.routes()[piece] for piece in NACL_ROUTES} == NACL_ROUTES
+        assert c.pure_python_routes() == []
+        return
     if c._Poly1305_MAC is not None:
         assert c.POLY1305_ROUTE == "pycryptodome Poly1305_MAC"
     if c._DH is not None:
         assert c.X25519_ROUTE == "pycryptodome Crypto.Protocol.DH"
     if c._dirty_u_pycryptodome is not c._dirty_u_unavailable:
         assert c.EDWARDS_ROUTE == "pycryptodome EccPoint"
+    assert c.HSALSA20_ROUTE == "pycryptodome Salsa20 seek"
+    if c._Integer is not None:
+        assert c.ELLIGATOR2_ROUTE.startswith("pycryptodome Integer")
 
 
-def test_a_fast_route_that_answers_wrong_or_breaks_is_not_used():
-    answers = c._POLY1305_ANSWERS
+def test_choose_takes_the_first_candidate_that_passes():
+    answers = c._answers(c._POLY1305_ANSWERS)
     right = lambda key, data: c._poly1305_pure(key, data)
     wrong = lambda key, data: bytes(16)
+    pure = (c._poly1305_pure, "pure Python")
 
     def raises(key, data):
         raise TypeError("another signature")
-    assert c._choose(right, "fast", c._poly1305_pure, answers) == (right, "fast")
-    assert c._choose(wrong, "fast", c._poly1305_pure, answers) == (c._poly1305_pure, "pure Python")
-    assert c._choose(raises, "fast", c._poly1305_pure, answers) == (c._poly1305_pure, "pure Python")
-    assert c._choose(None, "fast", c._poly1305_pure, answers) == (c._poly1305_pure, "pure Python")
-    assert c._choose(c._dirty_u_unavailable, "fast", c._dirty_u_pure,
-                     c._EDWARDS_ANSWERS) == (c._dirty_u_pure, "pure Python")
+    assert c._choose([(right, "fast"), pure], answers) == (right, "fast", [])
+    assert c._choose([(wrong, "wrong"), (raises, "raises"), (None, "missing"), (right, "fast"), pure],
+                     answers) == (right, "fast", ["wrong", "raises"])
+    assert c._choose([(wrong, "wrong"), pure], answers) == (c._poly1305_pure, "pure Python", ["wrong"])
+    assert c._choose([(None, "missing"), pure], answers) == (c._poly1305_pure, "pure Python", [])
+
+
+class FakeNaCl:
+    """Stands in for nacl.bindings, so that the PyNaCl candidates are tried even on a
+    machine without PyNaCl (every test below replaces the candidate itself)."""
+
+
+@pytest.fixture
+def fake_nacl(monkeypatch):
+    if c._nacl is None:
+        monkeypatch.setattr(c, "_nacl", FakeNaCl())
+
+
+def test_a_wrong_field_power_is_not_chosen(monkeypatch):
+    """Proven through the whole inverse map: a power that is right only for squares fails."""
+    assert c._elligator2_route()[0] in (c._field_pow_pycryptodome, c._field_pow_pure)
+    monkeypatch.setattr(c, "_field_pow_pycryptodome", lambda x, e: pow(x, e - 1, c.P))
+    monkeypatch.setattr(c, "_Integer", c._Integer or object)
+    power, name, passed_over = c._elligator2_route()
+    assert power is c._field_pow_pure and name == "pure Python" and len(passed_over) == 1
+
+
+def test_a_wrong_pynacl_x25519_or_edwards_route_is_not_chosen(monkeypatch, fake_nacl):
+    monkeypatch.setattr(c, "_x25519_nacl", lambda scalar, u: bytes(32))
+    function, name, passed_over = c._x25519_route()
+    assert function is not c._x25519_nacl and passed_over == ["PyNaCl crypto_scalarmult"]
+    assert name in ("pycryptodome Crypto.Protocol.DH", "pure Python")
+
+    def ignores_bit_255(scalar, u):                  # right on the RFC vector, wrong on u | 2^255
+        return c._x25519_pure(scalar, u) if u[31] < 0x80 else bytes(32)
+    monkeypatch.setattr(c, "_x25519_nacl", ignores_bit_255)
+    assert c._x25519_route()[1] != "PyNaCl crypto_scalarmult"
+
+    def no_torsion(priv):                            # a clean key: right for index 0 only
+        return c.x25519_base(priv)
+    monkeypatch.setattr(c, "_dirty_u_nacl", no_torsion)
+    function, name, passed_over = c._edwards_route()
+    assert function is not no_torsion and passed_over[0] == "PyNaCl crypto_scalarmult_ed25519_base"
+
+
+class SealsWrong(c._PortableSecretBox):
+    def seal(self, counter, packet):
+        box = c._PortableSecretBox.seal(self, counter, packet)
+        return box[:-1] + bytes([box[-1] ^ 1])
+
+
+class OpensUnchecked(c._PortableSecretBox):
+    """Decrypts but never checks the tag: right on every positive answer."""
+
+    def open_view(self, counter, box):
+        return c._salsa20_xor(self._subkey, counter.to_bytes(8, "big"), bytes(32) + bytes(box[16:]))[32:]
+
+
+class Raises(c._PortableSecretBox):
+    def seal(self, counter, packet):
+        raise RuntimeError("libsodium: unavailable in this build")
+
+
+@pytest.mark.parametrize("broken", [SealsWrong, OpensUnchecked, Raises])
+def test_a_wrong_pynacl_secretbox_is_not_chosen(monkeypatch, fake_nacl, broken):
+    """The secretbox self-test proves the refusals too: a box that opens forgeries fails."""
+    assert c._secretbox_proven(c._PortableSecretBox)
+    monkeypatch.setattr(c, "_NaClSecretBox", broken)
+    assert not c._secretbox_proven(broken)
+    route, name, passed_over = c._secretbox_route()
+    assert route is c._PortableSecretBox and name.startswith("pycryptodome Salsa20 + ")
+    assert passed_over == ["PyNaCl crypto_secretbox"]
+
+
+def test_pynacl_seals_alike_with_and_without_the_easy_api():
+    """PyNaCl 1.5 (Debian 12) has only crypto_secretbox; 1.6 adds crypto_secretbox_easy,
+    which we prefer. Both must give the vectors' boxes."""
+    need(c._nacl is not None, "PyNaCl")
+    for key, nonce, message, box in c._SECRETBOX_ANSWERS:
+        assert c._nacl.crypto_secretbox(message, nonce, key) == box
+        if hasattr(c._nacl, "crypto_secretbox_easy"):
+            assert c._nacl.crypto_secretbox_easy(message, nonce, key) == box
+
+
+def test_the_real_pynacl_routes_pass_their_self_tests():
+    need(c._nacl is not None, "PyNaCl")
+    assert c._secretbox_proven(c._NaClSecretBox)
+    assert c._gives(c._x25519_nacl, c._X25519_ANSWERS)
+    assert c._gives(c._dirty_u_nacl, c._EDWARDS_ANSWERS)
+
+
+def test_pure_python_routes_lists_the_fallbacks_in_use(monkeypatch):
+    monkeypatch.setattr(c, "_SecretBoxRoute", c._NaClSecretBox)
+    monkeypatch.setattr(c, "SECRETBOX_ROUTE", NACL_ROUTES["secretbox"])
+    for piece, name in (("POLY1305_ROUTE", "pure Python"), ("HSALSA20_ROUTE", "pure Python"),
+                        ("X25519_ROUTE", "pycryptodome Crypto.Protocol.DH"),
+                        ("EDWARDS_ROUTE", "pure Python"), ("ELLIGATOR2_ROUTE", "pure Python")):
+        monkeypatch.setattr(c, piece, name)
+    assert c.pure_python_routes() == ["edwards25519", "Elligator2"]     # Poly1305/HSalsa20: unused
+    monkeypatch.setattr(c, "_SecretBoxRoute", c._PortableSecretBox)
+    assert c.pure_python_routes() == ["Poly1305", "HSalsa20", "edwards25519", "Elligator2"]
+
+
+def test_salsa20_has_no_fallback_a_wrong_answer_refuses_to_run():
+    assert c._require_salsa20(c._salsa20_xor_pycryptodome) is c._salsa20_xor_pycryptodome
+    for broken in (lambda key, nonce, data: bytes(len(data)),
+                   lambda key, nonce, data: Salsa20.new(key=key, nonce=bytes(8)).encrypt(data)):
+        with pytest.raises(c.KnownAnswerError, match="refusing to run"):
+            c._require_salsa20(broken)
+
+
+def run_python(code, **env):
+    environ = {k: v for k, v in os.environ.items() if k != c.CRYPTO_ENV}
+    environ.update(env)
+    return subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), env=environ,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_importing_with_a_broken_salsa20_fails_loudly():
+    """The module is imported after pycryptodome's Salsa20 is broken: it must not load."""
+    result = run_python(
+        "from Crypto.Cipher import Salsa20\n"
+        "real = Salsa20.new\n"
+        "class Broken:\n"
+        "    def __init__(self, cipher): self.cipher = cipher\n"
+        "    def encrypt(self, data): return bytes(a ^ 1 for a in self.cipher.encrypt(data))\n"
+        "    def seek(self, position): self.cipher.seek(position)\n"
+        "Salsa20.new = lambda **kw: Broken(real(**kw))\n"
+        "import obfs4_crypto\n")
+    assert result.returncode != 0
+    assert "KnownAnswerError" in result.stderr and "refusing to run" in result.stderr
+
+
+def test_obfsproxy_crypto_portable_picks_no_pynacl_route():
+    result = run_python("import json, obfs4_crypto as c; print(json.dumps([c.routes(), c.route_report()]))",
+                        OBFSPROXY_CRYPTO="portable")
+    assert result.returncode == 0, result.stderr
+    routes, report = json.loads(result.stdout)
+    assert not any("PyNaCl" in route for route in routes.values())
+    assert report.endswith("PyNaCl not used: OBFSPROXY_CRYPTO=portable")
+
+
+def test_a_misspelt_obfsproxy_crypto_stops_the_import():
+    result = run_python("import obfs4_crypto", OBFSPROXY_CRYPTO="portabel")
+    assert result.returncode != 0 and "OBFSPROXY_CRYPTO='portabel'" in result.stderr
+
+
+@pytest.mark.parametrize("value, use", [("", True), ("auto", True), (" Portable ", False),
+                                        ("portable", False)])
+def test_obfsproxy_crypto_values(value, use):
+    assert c._use_nacl({c.CRYPTO_ENV: value}) is use
+    assert c._use_nacl({}) is True
+
+
+def test_pynacl_missing_or_broken_is_a_missing_route(monkeypatch):
+    assert c._import_nacl(False) == (None, (), "OBFSPROXY_CRYPTO=portable")
+    monkeypatch.setitem(sys.modules, "nacl", None)              # "import nacl" -> ImportError
+    assert c._import_nacl(True) == (None, (), "PyNaCl is not installed")
+    broken = types.ModuleType("nacl")
+    broken.__path__ = []
+
+    def fails(name):
+        raise OSError("libsodium.so.23: cannot open shared object file")
+    broken.__getattr__ = fails
+    monkeypatch.setitem(sys.modules, "nacl", broken)
+    module, error, why = c._import_nacl(True)
+    assert module is None and error == () and why.startswith("PyNaCl failed to import (OSError: libsodium")
 
 
 def test_the_embedded_self_test_answers_are_the_vectors():
@@ -598,8 +878,24 @@ def test_the_embedded_self_test_answers_are_the_vectors():
         (subkey, h(stream["nonce"])[16:], bytes(32)), (subkey, h(stream["nonce"])[16:], bytes(160))]
     assert [answer for _, answer in c._SALSA20_ANSWERS] == [
         h(stream["keystream_first_32"]), h(stream["keystream_first_160"])]
-    x = cases(PRIMITIVES["x25519"])[0]
-    assert c._X25519_ANSWERS[0] == ((h(x["scalar"]), h(x["u"])), h(x["out"]))
-    dirty = {v["priv32_sha512_first_half"]: v["dirty_u"] for v in cases(ELLIGATOR["dirty_keypairs"])}
-    for (priv,), u in c._EDWARDS_ANSWERS:
-        assert dirty[priv.hex()] == u.hex()
+    assert [(h(v["key"]), h(v["input16"])) for v in cases(PRIMITIVES["hsalsa20"])] == \
+        [args for args, _ in c._HSALSA20_ANSWERS]
+    assert [h(v["output"]) for v in cases(PRIMITIVES["hsalsa20"])] == [out for _, out in c._HSALSA20_ANSWERS]
+    assert c._SECRETBOX_ANSWERS == [(h(v["key"]), h(v["nonce"]), h(v["msg"]), h(v["box"]))
+                                    for v in cases(PRIMITIVES["secretbox"])]
+    x = cases(PRIMITIVES["x25519"])
+    top_bit = bytearray(h(x[0]["u"]))
+    top_bit[31] |= 0x80
+    assert c._X25519_ANSWERS[:3] == [((h(x[0]["scalar"]), h(x[0]["u"])), h(x[0]["out"])),
+                                     ((h(x[0]["scalar"]), bytes(top_bit)), h(x[0]["out"])),
+                                     ((h(x[3]["scalar"]), h(x[3]["u"])), h(x[3]["out"]))]
+    assert c._X25519_ANSWERS[3] == ((bytes(range(32)), bytes(32)), bytes(32))
+    inverse = {(v["u"], int(key[len("tweak_"):], 16)): r for v in cases(ELLIGATOR["inverse_map"])
+               for key, r in v.items() if key.startswith("tweak_")}
+    for (u, tweak), r in c._ELLIGATOR2_ANSWERS[:-1]:
+        assert inverse[(u.hex(), tweak)] == r.hex()
+    (u, _), none = c._ELLIGATOR2_ANSWERS[-1]
+    assert u.hex() in ELLIGATOR["inverse_map"]["u_without_representative"] and none is None
+    dirty = cases(ELLIGATOR["dirty_keypairs"])
+    assert [v["torsion_index_priv0_and_7"] for v in dirty] == list(range(8))
+    assert c._EDWARDS_ANSWERS == [((h(v["priv32_sha512_first_half"]),), h(v["dirty_u"])) for v in dirty]
