@@ -1152,7 +1152,7 @@ def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=Fal
     1 when the capture cannot be read (or, for unmask, nothing could be
     unmasked). ``state_dir``: an obfs4 bridge's state directory (unmask)."""
     out = out or sys.stdout
-    secret_hash = hashlib.sha256(secret.encode()).digest() if secret else None  # "" is none, as in obfs2.py
+    secret_hash = obfs2.secret_hash(secret)
     obfs2.read_header(bytes(obfs2.HEADER_LENGTH), True)   # warm up: time the checks, not the imports
     try:
         bridge = Bridge(state_dir) if state_dir and command == "unmask" else None

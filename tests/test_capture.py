@@ -339,6 +339,22 @@ def test_shared_secret_recording_needs_the_secret(tmp_path):
     assert "work: 2002 SHA-256" in out                # public try + secret try, each side
 
 
+def test_one_secret_hash_rule_for_the_transport_and_the_attack(tmp_path):
+    """H(SECRET) = SHA-256(secret), and "" is no secret: written once, in obfs2.secret_hash,
+    used by obfs2.Obfs2 and by capture.main alike."""
+    assert obfs2.secret_hash(None) is None and obfs2.secret_hash("") is None
+    assert obfs2.secret_hash(b"") is None
+    assert obfs2.secret_hash("s3cret") == obfs2.secret_hash(b"s3cret") == hashlib.sha256(b"s3cret").digest()
+    assert obfs2.secret_hash("\u00e9") == hashlib.sha256(b"\xc3\xa9").digest()           # UTF-8
+    assert obfs2.Obfs2(True, shared_secret="s3cret").secret_hash == hashlib.sha256(b"s3cret").digest()
+    assert obfs2.Obfs2(True, shared_secret="").secret_hash is None
+    c_wire, s_wire = obfs2_pair(b"hello", b"world")                 # no secret
+    (tmp_path / "x.initiator.bin").write_bytes(c_wire)
+    (tmp_path / "x.responder.bin").write_bytes(s_wire)
+    status, out = run_capture("unmask", tmp_path, secret="")        # "" is no secret here too
+    assert status == 0 and "|hello|" in out and "shared secret:" not in out
+
+
 def test_the_cost_estimate_is_measured_once_per_run(tmp_path):
     """Every connection of one capture gets the same estimate (issue 14)."""
     rng = random.Random(5)
