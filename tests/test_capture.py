@@ -1,4 +1,4 @@
-"""Tests for capture.py: reading captures, ``unmask``, ``detect`` and the fully-encrypted test.
+"""Tests for capture.py and pcap.py: reading captures, ``unmask``, ``detect`` and the fully-encrypted test.
 
 Captures are made by the tests themselves: recordings from a real client and
 server (subprocesses, all three transports, and Debian's obfs4proxy as the
@@ -47,6 +47,7 @@ from support import (
 
 import capture
 import obfs2
+import pcap
 from obfs4_crypto import elligator2_direct, x25519
 
 CLIENT_HELLO = (b"\x16\x03\x01\x00\xc8\x01\x00\x00\xc4\x03\x03" + bytes(range(32))
@@ -204,7 +205,7 @@ def test_random_bytes_are_flagged_and_their_figures_are_printed():
     rng = random.Random(13)
     packet = bytes(rng.randrange(256) for _ in range(1000))
     assert reference_rule(packet) is None
-    conv = capture.Conversation("a -> b", ("a", "b"), (packet, b""), 0, first_packets=(packet, None))
+    conv = pcap.Conversation("a -> b", ("a", "b"), (packet, b""), 0, first_packets=(packet, None))
     check_figures(FE_LINE.search(capture.fully_encrypted_line(conv)), packet)
     assert "the initiator's first packet, 1000 bytes" in capture.fully_encrypted_line(conv)
 
@@ -577,8 +578,8 @@ class Tcpdump:
 def captured_bytes(path):
     """Bytes in the complete TCP streams of a pcap being written (0 while unreadable)."""
     try:
-        _, conversations = capture.read_pcap(path)
-    except capture.CaptureError:
+        _, conversations = pcap.read_pcap(path)
+    except pcap.CaptureError:
         return 0                                      # a packet half written: read again
     return sum(len(s) for c in conversations for s in c.streams if not c.notes)
 
@@ -588,17 +589,17 @@ def capture_traffic(tmp_path, ports, traffic, attempts=3, timeout=20):
     ports) under tcpdump, until the pcap holds them all; a capture that lost packets
     is retried with new connections. Returns the pcap's path."""
     for attempt in range(attempts):
-        pcap = tmp_path / ("lo-%d.pcap" % attempt)
-        dump = Tcpdump(pcap, ports)
+        path = tmp_path / ("lo-%d.pcap" % attempt)
+        dump = Tcpdump(path, ports)
         try:
             expected = traffic()
             end = time.monotonic() + timeout
-            while captured_bytes(pcap) < expected and time.monotonic() < end:
+            while captured_bytes(path) < expected and time.monotonic() < end:
                 time.sleep(0.05)                      # polling tcpdump's output file
         finally:
             log = dump.stop()
-        if captured_bytes(pcap) >= expected:
-            return pcap
+        if captured_bytes(path) >= expected:
+            return path
     raise AssertionError("tcpdump lost packets %d times; its last words: %r" % (attempts, log))
 
 
@@ -644,14 +645,14 @@ def test_tcpdump_capture_of_all_three_transports_http_and_tls(tmp_path):
                 return wire + 2 * len(HTTP_REQUEST) + 2 * len(hello)
 
             ports = [server.address[1] for server, _ in tunnels.values()] + [http.address[1], tls.address[1]]
-            pcap = capture_traffic(tmp_path, ports, traffic)
+            saved = capture_traffic(tmp_path, ports, traffic)
         finally:
             for server, client in tunnels.values():
                 client.stop()
                 server.stop()
 
     # Each tunnel, reassembled from the pcap, is byte for byte what its client recorded.
-    _, conversations = capture.read_pcap(pcap)
+    _, conversations = pcap.read_pcap(saved)
     assert len(conversations) == 5 and all(c.initiator == 0 and not c.notes for c in conversations)
     by_port = {int(c.ends[1].rsplit(":", 1)[1]): c for c in conversations}
     streams = {}
@@ -672,7 +673,7 @@ def test_tcpdump_capture_of_all_three_transports_http_and_tls(tmp_path):
     assert by_port[http.address[1]].first_packets[0] == HTTP_REQUEST
     assert by_port[tls.address[1]].first_packets[0] == hello
 
-    status, out, err = run("detect", str(pcap))
+    status, out, err = run("detect", str(saved))
     assert status == 0, err
     assert "pcap 2.4, Ethernet" in out or "Linux cooked" in out
     assert "5 TCP connection(s) with data" in out
@@ -694,7 +695,7 @@ def test_tcpdump_capture_of_all_three_transports_http_and_tls(tmp_path):
     assert FE_LINE.search(tls_block).group(1).startswith("exempt")
     print(out)                                        # for the report: pytest -s shows it
 
-    status, out = run_capture("unmask", pcap, state_dir=state)
+    status, out = run_capture("unmask", saved, state_dir=state)
     assert status == 0
     assert out.count("00000000  16 03 01 00 c8 01 00 00  c4 03 03 00 01 02 03 04") == 2   # obfs2, both ways
     assert "obfs3 (UniformDH)" in out and "It is obfs4, to the bridge of --state-dir" in out
@@ -812,8 +813,8 @@ def test_crafted_pcap_reassembly(tmp_path, linktype, order, nano):
     path = tmp_path / "crafted.pcap"
     path.write_bytes(pcap_file(frames, linktype, order, nano))
 
-    description, conversations = capture.read_pcap(path)
-    assert capture.LINKTYPES[linktype] in description
+    description, conversations = pcap.read_pcap(path)
+    assert pcap.LINKTYPES[linktype] in description
     assert ("nanosecond" if nano else "microsecond") in description
     assert [c.name for c in conversations] == ["[2001:db8::1]:40001 -> [2001:db8::2]:443",
                                                "192.0.2.1:50000 -> 198.51.100.2:80"]
@@ -845,7 +846,7 @@ def test_crafted_pcap_without_syn_finds_the_roles(tmp_path):
                                          with_syn=False)
     path = tmp_path / "nosyn.pcap"
     path.write_bytes(pcap_file(frames, 1))
-    _, conversations = capture.read_pcap(path)
+    _, conversations = pcap.read_pcap(path)
     conv = conversations[0]
     assert conv.initiator is None and set(conv.streams) == {c_stream, s_stream}
     assert set(conv.first_packets) == set(firsts)
