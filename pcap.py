@@ -326,72 +326,75 @@ def read_pcap(path):
 
 
 def read_recordings(paths):
-    """Conversations from recording files: pairs named <prefix>.initiator.bin
-    and <prefix>.responder.bin; otherwise two files are one connection with
-    unknown roles, and one file is one direction."""
-    pairs, loose = {}, []
+    """Conversations from recording files, paired by name: <prefix>.initiator.bin
+    and <prefix>.responder.bin are one connection; either alone is one direction."""
+    pairs = {}
     for path in paths:
-        for role, suffix in enumerate(ROLE_SUFFIXES):
-            if path.name.endswith(suffix):
-                pairs.setdefault(str(path)[:-len(suffix)], [None, None])[role] = path
-                break
-        else:
-            loose.append(path)
-    groups = [(Path(prefix).name, files, 0) for prefix, files in sorted(pairs.items())]
-    if len(loose) == 2:
-        groups.append(("%s + %s" % (loose[0].name, loose[1].name), loose, None))
-    elif loose:
-        groups.extend((path.name, [path, None], None) for path in loose)
+        role = 0 if path.name.endswith(ROLE_SUFFIXES[0]) else 1
+        pairs.setdefault(str(path)[:-len(ROLE_SUFFIXES[role])], [None, None])[role] = path
     conversations = []
-    for name, files, initiator in groups:
+    for prefix, files in sorted(pairs.items()):
         streams = tuple(path.read_bytes() if path else b"" for path in files)
-        ends = ("initiator", "responder") if initiator == 0 else \
-            tuple(path.name if path else "(missing)" for path in files)
         notes = ["only one direction was recorded: %s is missing" % ("initiator", "responder")[side]
-                 for side, path in enumerate(files) if path is None and initiator == 0]
+                 for side, path in enumerate(files) if path is None]
         when = min(path.stat().st_mtime for path in files if path)
-        conversations.append(Conversation(name, ends, streams, initiator, notes, time=when))
+        conversations.append(Conversation(Path(prefix).name, ("initiator", "responder"), streams, 0,
+                                          notes, time=when))
     return conversations
 
 
-def check_raw_stream(path):
-    """A file that is neither a pcap nor named like a recording is taken as one raw
-    direction of a connection, unless it is plainly not one: empty, or text."""
+NOT_A_CAPTURE = ("Give a pcap file (tcpdump -w), or the recordings of --record-dir "
+                 "(*.initiator.bin, *.responder.bin) or their directory")
+
+
+def not_a_capture(path, magic):
+    """The CaptureError for a file that is neither a pcap (by its magic or its name)
+    nor a recording (by its name), saying what it looks like instead."""
     with path.open("rb") as f:
-        head = f.read(512)
+        head = magic + f.read(508)
     if not head:
-        raise CaptureError("%s: not a capture: the file is empty" % path)
-    if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
-        raise CaptureError("%s: not a capture: it is a text file. Give a pcap file (tcpdump -w), "
-                           "or the recordings of --record-dir (*.initiator.bin, *.responder.bin)"
-                           % path)
+        why = "the file is empty"
+    elif all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+        why = "it is a text file"
+    else:
+        why = "neither a pcap file (it starts %s, no pcap magic) nor a recording (by its name)" \
+            % " ".join("%02x" % b for b in magic)
+    return CaptureError("%s: not a capture: %s. %s" % (path, why, NOT_A_CAPTURE))
 
 
 def load(paths):
-    """(descriptions, conversations) from capture arguments: pcap files,
-    recording files, or directories of recordings."""
+    """(descriptions, conversations) from capture arguments: pcap files (known by
+    their magic, or a .pcap/.cap/.pcapng name), recording files (known by their
+    name only: *.initiator.bin, *.responder.bin), or directories of recordings.
+    Any other file is refused (CaptureError), never read as a raw stream."""
     descriptions, conversations, recordings = [], [], []
     for path in map(Path, paths):
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.name.endswith(ROLE_SUFFIXES))
+            files = [p for p in path.iterdir() if not p.is_dir()]
+            found = sorted(p for p in files if p.name.endswith(ROLE_SUFFIXES))
             if not found:
                 raise CaptureError("%s: no recordings (*.initiator.bin, *.responder.bin) in this "
-                                   "directory" % path)
+                                   "directory%s" % (path, ", only %d other file(s)" % len(files)
+                                                    if files else ": it is empty"))
+            if len(found) < len(files):
+                descriptions.append("%s: %d file(s) not named like a recording, not read"
+                                    % (path, len(files) - len(found)))
             recordings.extend(found)
+            continue
+        if path.name.endswith(ROLE_SUFFIXES):         # a recording is known by its name only
+            recordings.append(path)
             continue
         with path.open("rb") as f:
             magic = f.read(4)
-        if magic in PCAP_MAGICS or magic == PCAPNG_MAGIC or path.suffix in (".pcap", ".cap", ".pcapng"):
-            try:
-                description, found = read_pcap(path)
-            except CaptureError as exc:
-                raise CaptureError("%s: %s" % (path, exc))
-            descriptions.append(description)
-            conversations.extend(found)
-        else:
-            if not path.name.endswith(ROLE_SUFFIXES):
-                check_raw_stream(path)
-            recordings.append(path)
+        if magic not in PCAP_MAGICS and magic != PCAPNG_MAGIC and \
+                path.suffix not in (".pcap", ".cap", ".pcapng"):
+            raise not_a_capture(path, magic)
+        try:
+            description, found = read_pcap(path)
+        except CaptureError as exc:
+            raise CaptureError("%s: %s" % (path, exc))
+        descriptions.append(description)
+        conversations.extend(found)
     if recordings:
         found = read_recordings(recordings)
         descriptions.append("%d recording file(s): %d connection(s)" % (len(recordings), len(found)))

@@ -278,8 +278,12 @@ def test_record_dir_then_unmask_and_detect(tmp_path):
     assert "reconstruction of a published measurement" in out and "not the censor's code" in out
 
 
-def test_recordings_without_roles_in_their_names(tmp_path):
-    """Two raw stream files named anything: roles are found by trying both labels."""
+def test_only_files_named_like_recordings_are_recordings(tmp_path, capsys):
+    """D17: 3 MB of random data that is no capture was read as a one-sided recording
+    ("1 recording file(s): 1 connection(s)"). A recording is known by its name only
+    (transports.ROLE_SUFFIXES); any other file that is not a pcap is refused, saying so."""
+    noise = tmp_path / "noise.dat"
+    noise.write_bytes(os.urandom(3 << 20))
     client = obfs2.Obfs2(True)
     server = obfs2.Obfs2(False)
     c_wire, s_wire = client.start(), server.start()
@@ -287,11 +291,27 @@ def test_recordings_without_roles_in_their_names(tmp_path):
     client.receive(s_wire)
     (tmp_path / "a.raw").write_bytes(s_wire + server.send(b"HTTP/1.1 200 OK\r\n\r\n"))
     (tmp_path / "b.raw").write_bytes(c_wire + client.send(b"GET / HTTP/1.1\r\n\r\n"))
-    status, out = run_capture("unmask", tmp_path / "a.raw", tmp_path / "b.raw")
+    for path in (noise, tmp_path / "a.raw"):            # even real obfs2 bytes, if not named so
+        for command in ("detect", "unmask"):
+            err = capture_error(capsys, command, path)
+            assert "%s: not a capture: neither a pcap file (it starts " % path in err
+            assert "nor a recording (by its name)" in err and "*.initiator.bin" in err
+    status, out, err = run("detect", str(noise))                # the same through the command line
+    assert status == 1 and out == "" and "neither a pcap file" in err and "recording file" not in err
+    # A folder of such files holds no recording.
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    noise.rename(folder / "noise.dat")
+    assert "no recordings (*.initiator.bin, *.responder.bin) in this directory, only 1 other file" \
+        in capture_error(capsys, "detect", folder)
+    # Named as --record-dir names them, the same bytes are one connection; the other file is skipped.
+    (tmp_path / "a.raw").rename(folder / "x.responder.bin")
+    (tmp_path / "b.raw").rename(folder / "x.initiator.bin")
+    status, out = run_capture("unmask", folder)
     assert status == 0
     assert "|GET / HTTP/1.1..|" in out and "|HTTP/1.1 200 OK.|" in out
-    status, out = run_capture("unmask", tmp_path / "b.raw")
-    assert status == 1 and "Both directions are needed" in out
+    assert "%s: 1 file(s) not named like a recording, not read" % folder in out
+    assert "2 recording file(s): 1 connection(s)" in out
 
 
 def test_not_obfs2_through_the_dummy_transport(tmp_path):
