@@ -627,9 +627,26 @@ def write_private(target, data):
 
 def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=False,
          output_dir=None, state_dir=None, out=None):
-    """``obfsproxy.py unmask|detect [options] <capture>...``: 0 on success,
-    1 when the capture cannot be read (or, for unmask, nothing could be
-    unmasked). ``state_dir``: an obfs4 bridge's state directory (unmask)."""
+    """``obfsproxy.py unmask|detect [options] <capture>...``; returns the exit status.
+
+    No transport is given, and none is needed: every stream is tried against
+    each, and says what it is (obfs2 by its magic; obfs3, obfs4, TLS, HTTP ...
+    by what the attack finds there). ``secret`` and ``iterations``: obfs2's
+    shared secret (str, "" or None: none) and hash rounds, tried beside the
+    public key schedule. ``state_dir``: an obfs4 bridge's state directory
+    (unmask). ``full``, ``output_dir``: unmask's output. ``out``: where the
+    report goes (stdout); errors go to stderr, one line.
+
+    Exit status:
+      0  the capture was read, and every stream in it was either unmasked or
+         explained: another protocol, keys that never crossed the wire
+         (obfs3, obfs4, TLS), a shared secret that is needed, a missing
+         direction, too few bytes. An explanation is a result, not a failure.
+      1  the capture cannot be read: a missing, empty, truncated or corrupt
+         file, one that is not a capture, a bad --state-dir; or (unmask) it
+         holds no TCP connection with data, so there was nothing to read.
+    (2, a bad command line, is obfsproxy.py's.)
+    """
     out = out or sys.stdout
     secret_hash = obfs2.secret_hash(secret)
     obfs2.read_header(bytes(obfs2.HEADER_LENGTH), True)   # warm up: time the checks, not the imports
@@ -643,15 +660,20 @@ def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=Fal
             return run_detect(conversations, secret_hash, iterations, out)
         if output_dir:
             Path(output_dir).mkdir(parents=True, exist_ok=True)
+        if not conversations:
+            print("no TCP connection with data in the capture: nothing to unmask", file=out)
+            return 1
         unmasked = 0
         for number, conv in enumerate(conversations, 1):
             if number > 1:
                 print(file=out)
             unmasked += unmask_one(conv, secret_hash, iterations, full,
                                    output_dir, number, out, bridge)
-        if not conversations:
-            print("no TCP connection with data in the capture", file=out)
-        return 0 if unmasked else 1
+        print(file=out)
+        print("%d of %d connection(s) unmasked%s." % (
+            unmasked, len(conversations), "" if unmasked == len(conversations)
+            else "; each of the others says above why it cannot be"), file=out)
+        return 0
     except CaptureError as exc:
         print("obfsproxy.py %s: %s" % (command, exc), file=sys.stderr)
         return 1

@@ -329,7 +329,7 @@ def test_not_obfs2_through_the_dummy_transport(tmp_path):
         check_figures(line, request)
     assert "0 of 2 stream(s) flagged by the fully-encrypted test" in out
     status, out = run_capture("unmask", *recordings(tmp_path, "client"))
-    assert status == 1 and "not obfs2: it looks like HTTP" in out
+    assert status == 0 and "not obfs2: it looks like HTTP" in out
     assert "shared secret" not in out and "obfs3" not in out
 
 
@@ -343,7 +343,7 @@ def test_shared_secret_recording_needs_the_secret(tmp_path):
     files = list(map(str, recordings(tmp_path, "client")))
 
     status, out = run_capture("unmask", *files)
-    assert status == 1, out
+    assert status == 0, out
     assert "the secret is needed" in out and "--shared-secret=SECRET" in out
     assert "4 x 100000 = 400000 SHA-256 per connection" in out
 
@@ -383,7 +383,7 @@ def test_the_cost_estimate_is_measured_once_per_run(tmp_path):
         for suffix in (".initiator.bin", ".responder.bin"):
             (tmp_path / ("c%d%s" % (n, suffix))).write_bytes(bytes(rng.randrange(256) for _ in range(300)))
     status, out = run_capture("unmask", tmp_path)
-    assert status == 1
+    assert status == 0
     estimates = re.findall(r"to unmask it \(about ([\d.]+) s of one core here\)", out)
     assert len(estimates) == 4 and len(set(estimates)) == 1
 
@@ -458,7 +458,7 @@ def test_obfs3_and_obfs4_captures_explain_why_the_attack_fails(tmp_path):
     c4 = [p.read_bytes() for p in recordings(tmp_path / "rec4", "client")]
 
     status, out = run_capture("unmask", *recordings(tmp_path / "rec3", "client"))
-    assert status == 1
+    assert status == 0
     assert "not obfs2: no magic value under the public key schedule" in out
     # What the obfs2 attack read: the first 16 bytes as a seed, and what INIT_PAD made of bytes 16..23.
     pad = mac(b"Initiator obfuscation padding", c3[0][:16])
@@ -473,13 +473,18 @@ def test_obfs3_and_obfs4_captures_explain_why_the_attack_fails(tmp_path):
     assert "shared secret" in out                     # obfs2 with a secret looks like this too
 
     status, out = run_capture("unmask", *recordings(tmp_path / "rec4", "client"))
-    assert status == 1 and "(cannot be found)" in out
+    assert status == 0 and "(cannot be found)" in out
+    # Friction 13: a full, correct explanation is a result: exit status 0 from the command line too.
+    status, out, err = run("unmask", *map(str, recordings(tmp_path / "rec4", "client")))
+    assert status == 0, err
+    assert out.rstrip().endswith("0 of 1 connection(s) unmasked; each of the others says above why it "
+                                 "cannot be.")
     assert re.search(r"0 +32  X' +%s \.\.\." % c4[0][:8].hex(" "), out)
 
     # With the bridge's state directory: the marks and MACs check out, and still no key.
     key, b = bridge_key(state)
     status, out = run_capture("unmask", *recordings(tmp_path / "rec4", "client"), state_dir=state)
-    assert status == 1
+    assert status == 0
     assert "It is obfs4, to the bridge of --state-dir" in out
     check_obfs4_fields(out, c4[0], c4[1], key, b)
     assert "obfs3 (UniformDH)" not in out
@@ -943,10 +948,35 @@ def test_mangled_captures_never_raise(tmp_path, good_pcap):
             assert run_capture(command, path)[0] in (0, 1)
 
 
+def test_unmask_exits_1_only_when_there_is_nothing_to_read(tmp_path, capsys):
+    """Friction 13: 0 when every stream was unmasked or explained; 1 when the capture
+    cannot be read or holds no TCP connection with data."""
+    c_wire, s_wire = obfs2_pair(b"hello", b"world")
+    (tmp_path / "x.initiator.bin").write_bytes(c_wire)
+    status, out = run_capture("unmask", tmp_path / "x.initiator.bin")      # one direction only
+    assert status == 0 and "Both directions are needed" in out
+    assert "0 of 1 connection(s) unmasked; each of the others says above why" in out
+    (tmp_path / "x.responder.bin").write_bytes(s_wire)
+    status, out = run_capture("unmask", tmp_path)
+    assert status == 0 and out.rstrip().endswith("1 of 1 connection(s) unmasked.")
+    # A pcap with one UDP datagram (IPv4 protocol 17) and no TCP: readable, but nothing to unmask.
+    udp = struct.pack(">HHHH", 5353, 5353, 12, 0) + b"dnsq"
+    packet = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0,
+                         socket.inet_aton("10.0.0.1"), socket.inet_aton("10.0.0.2")) + udp
+    path = tmp_path / "udp.pcap"
+    path.write_bytes(pcap_file([frame(101, packet)], 101))
+    status, out = run_capture("unmask", path)
+    assert status == 1 and "0 TCP connection(s) with data" in out and "nothing to unmask" in out
+    status, out = run_capture("detect", path)                 # detect reports: 0 of 0 streams
+    assert status == 0 and "0 of 0 stream(s) are obfs2" in out
+    path.write_bytes(pcap_file([frame(101, packet)], 101)[:30])               # cut: unreadable
+    assert "truncated pcap" in capture_error(capsys, "unmask", path)
+
+
 def test_short_recording_is_too_short_to_tell(tmp_path):
     (tmp_path / "x.initiator.bin").write_bytes(b"\x01" * 10)
     (tmp_path / "x.responder.bin").write_bytes(b"")
     status, out = run_capture("detect", tmp_path)
     assert status == 0 and "too short to tell" in out
     status, out, err = run("unmask", str(tmp_path))
-    assert status == 1 and "too short to tell" in out and "Traceback" not in err
+    assert status == 0 and "too short to tell" in out and "Traceback" not in err
