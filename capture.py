@@ -282,20 +282,6 @@ def cost_lines(iterations):
 
 
 # --- Why the attack fails on obfs3 and obfs4 -------------------------------------
-def role_name(conv, index):
-    """'initiator', or '127.0.0.1:5000 (initiator)' when the capture names the ends."""
-    role = "initiator" if index == (conv.initiator or 0) else "responder"
-    if conv.initiator is None:
-        role = "taken as the " + role
-    return role if conv.ends[index] in ("initiator", "responder") else "%s (%s)" % (conv.ends[index], role)
-
-
-def client_first(conv):
-    """(what the initiator sent, what the responder sent); the first side seen when
-    nobody knows who opened the connection."""
-    first = conv.initiator or 0
-    return conv.streams[first], conv.streams[1 - first]
-
 
 def obfs2_attempt_lines(conv):
     """What the obfs2 attack read in each direction: the would-be seed, and what
@@ -307,7 +293,7 @@ def obfs2_attempt_lines(conv):
         initiator = index == (conv.initiator or 0)
         seed, magic, padlen, _ = obfs2.read_header(data, initiator)
         lines.append("  %s: bytes 0..15 as SEED %s; %s from it decrypts bytes 16..23 to"
-                     % (role_name(conv, index), hexline(seed, 6), "INIT_PAD" if initiator else "RESP_PAD"))
+                     % (conv.role_name(index), hexline(seed, 6), "INIT_PAD" if initiator else "RESP_PAD"))
         lines.append("      %s, not 2b f5 ca 7e and a PADLEN <= 8192"
                      % hexline(struct.pack(">II", magic, padlen)))
     return lines
@@ -316,7 +302,7 @@ def obfs2_attempt_lines(conv):
 def explain_obfs3(conv):
     """obfs3, field by field: the clear values are public keys, not seeds."""
     lines = ["obfs3 (UniformDH): each side sends at once a public value, then padding:", FIELD_HEADER]
-    for data, initiator, label in zip(client_first(conv), ("INIT", "RESP"), ("initiator", "responder")):
+    for data, initiator, label in zip(conv.client_first(), ("INIT", "RESP"), ("initiator", "responder")):
         if len(data) < obfs3.PUBLIC_KEY_LENGTH:
             lines.append("    the %s sent %d bytes: too few for obfs3's 192-byte public value"
                          % (label, len(data)))
@@ -346,7 +332,7 @@ def explain_obfs3(conv):
 
 def explain_obfs4(conv):
     """obfs4 without the bridge's keys: nothing to find, nothing to check."""
-    first, second = client_first(conv)
+    first, second = conv.client_first()
     return [
         "obfs4 (ntor over X25519): the client sends its handshake, the server answers:",
         FIELD_HEADER,
@@ -436,11 +422,11 @@ def check_obfs4(conv, bridge, style=PLAIN):
     client, pos = found
     c_data, s_data = conv.streams[client], conv.streams[1 - client]
     e = match_epoch(bridge.key, c_data[:pos + 16], c_data[pos + 16:pos + 32], conv.time)
-    lines.append("  %s: the client's handshake, %d bytes" % (role_name(conv, client), pos + 32))
+    lines.append("  %s: the client's handshake, %d bytes" % (conv.role_name(client), pos + 32))
     lines += client_handshake_rows(c_data, pos, e, style)
     spos = find_mark(s_data, obfs4.h16(bridge.key, s_data[:32]), 64)
     if spos >= 0 and e:
-        lines.append("  %s: the server's reply" % role_name(conv, 1 - client))
+        lines.append("  %s: the server's reply" % conv.role_name(1 - client))
         lines += server_reply_rows(s_data, spos, bridge.key, e, style)
     x_u = elligator2_direct(c_data[:32])
     lines += [

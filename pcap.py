@@ -238,6 +238,20 @@ class Conversation:
         self.first_packets = tuple(first_packets)
         self.time = time
 
+    def role_name(self, index):
+        """'initiator', or '127.0.0.1:5000 (initiator)' when the capture names the ends."""
+        role = "initiator" if index == (self.initiator or 0) else "responder"
+        if self.initiator is None:
+            role = "taken as the " + role
+        end = self.ends[index]
+        return role if end in ("initiator", "responder") else "%s (%s)" % (end, role)
+
+    def client_first(self):
+        """(what the initiator sent, what the responder sent); the first side seen when
+        nobody knows who opened the connection."""
+        first = self.initiator or 0
+        return self.streams[first], self.streams[1 - first]
+
 
 class TcpTable:
     """TCP connections in a capture, keyed by their two endpoints."""
