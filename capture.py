@@ -52,6 +52,7 @@ from pathlib import Path
 import obfs2
 import obfs3
 import obfs4
+import tlswire
 from obfs4_crypto import elligator2_direct, x25519
 from pcap import CaptureError, load
 from present import (
@@ -472,6 +473,21 @@ def server_reply_rows(data, pos, key, e, style=PLAIN):
                       "the seed frame (45 bytes), then data: sealed with keys from KEY_SEED")]
 
 
+# --- TLS (webtunnel, or any HTTPS): tlswire.py reads it and says what it shows ---------
+
+def tls_client(conv):
+    """(index, ClientHello) of the side that opened with a TLS ClientHello, or None."""
+    sides = [conv.initiator] if conv.initiator is not None else [0, 1]
+    return next(((index, hello) for index in sides
+                 for hello in [tlswire.hello(conv.streams[index])] if hello), None)
+
+
+def explain_tls(conv, index, hello):
+    """unmask on TLS: what is in clear, where the keys come from, what stays sealed."""
+    return tlswire.explain(hello, conv.streams[index], conv.streams[1 - index],
+                           conv.role_name(index), conv.role_name(1 - index))
+
+
 # --- Commands ----------------------------------------------------------------------
 
 FULLY_ENCRYPTED_NOTE = textwrap.fill(
@@ -488,7 +504,7 @@ NO_MAGIC_HINT = ("random from the first byte, with no magic: obfs3, obfs4 and ob
 
 def run_detect(conversations, secret_hash, iterations, out):
     total = Work()
-    count = flagged = 0
+    count = flagged = tls_streams = 0
     for number, conv in enumerate(conversations, 1):
         sides, work = examine(conv, secret_hash, iterations)
         is_obfs2, why = verdict(sides, secret_hash is not None)
@@ -503,8 +519,15 @@ def run_detect(conversations, secret_hash, iterations, out):
         print("  %s" % why, file=out)
         if why.startswith("not obfs2: no magic value"):
             print("  %s" % NO_MAGIC_HINT, file=out)
+        tls = tls_client(conv)
+        if tls:
+            print("  TLS ClientHello: %s" % tlswire.summary(tls[1]), file=out)
         print("  work: %s" % work, file=out)
         print("  %s" % encrypted, file=out)
+        exempt = re.search(r"test: exempt \((Ex\d)\).*starts like TLS", encrypted)
+        if tls and exempt:
+            tls_streams += 1
+            print("\n".join("  " + line for line in tlswire.exemption_lines(exempt.group(1))), file=out)
         for note in conv.notes:
             print("  note: %s" % note, file=out)
     print(file=out)
@@ -513,8 +536,9 @@ def run_detect(conversations, secret_hash, iterations, out):
     if secret_hash is None:
         print("Each check derives a PAD key from the clear seed (one SHA-256) and decrypts "
               "8 bytes (one AES block): obfs2 is trivially detectable.", file=out)
-    print("%d of %d stream(s) flagged by the fully-encrypted test." % (flagged, len(conversations)),
-          file=out)
+    print("%d of %d stream(s) flagged by the fully-encrypted test%s." % (
+        flagged, len(conversations), "; %d TLS stream(s) exempt, as webtunnel counts on" % tls_streams
+        if tls_streams else ""), file=out)
     print(FULLY_ENCRYPTED_NOTE, file=out)
     return 0
 
@@ -537,7 +561,11 @@ def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out, bri
     is_obfs2, why = verdict(sides, secret_hash is not None)
     say(why if not is_obfs2 else "cannot unmask: " + why)
     long_enough = [side for side in sides if len(side.data) >= obfs2.HEADER_LENGTH]
-    if not found and long_enough and not any(looks_like(side.data) for side in long_enough):
+    tls = tls_client(conv) if not found else None
+    if tls:
+        for line in explain_tls(conv, *tls):
+            say(line)
+    elif not found and long_enough and not any(looks_like(side.data) for side in long_enough):
         for line in explain_no_key(conv, secret_hash, iterations, bridge):
             say(line)
     elif len(found) == 1 and not all(conv.streams):

@@ -1,4 +1,5 @@
-"""Tests for capture.py and pcap.py: reading captures, ``unmask``, ``detect`` and the fully-encrypted test.
+"""Tests for capture.py, pcap.py and tlswire.py: reading captures, ``unmask``, ``detect``,
+the fully-encrypted test, and TLS (webtunnel): its ClientHello's SNI and JA4 fingerprint.
 
 Captures are made by the tests themselves: recordings from a real client and
 server (subprocesses, all three transports, and Debian's obfs4proxy as the
@@ -48,6 +49,7 @@ from support import (
 import capture
 import obfs2
 import pcap
+import tlswire
 from obfs4_crypto import elligator2_direct, x25519
 
 CLIENT_HELLO = (b"\x16\x03\x01\x00\xc8\x01\x00\x00\xc4\x03\x03" + bytes(range(32))
@@ -628,10 +630,13 @@ def capture_traffic(tmp_path, ports, traffic, attempts=3, timeout=20):
     raise AssertionError("tcpdump lost packets %d times; its last words: %r" % (attempts, log))
 
 
-def tls_client_hello():
+def tls_client_hello(host="example.org", alpn=None):
     """A real TLS ClientHello, as Python's ssl module writes it (no server needed)."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="example.org")
+    context = ssl.create_default_context()
+    if alpn:
+        context.set_alpn_protocols(alpn)
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=host)
     try:
         tls.do_handshake()
     except ssl.SSLWantReadError:
@@ -716,6 +721,8 @@ def test_tcpdump_capture_of_all_three_transports_http_and_tls(tmp_path):
     assert http_line.group(1).startswith("exempt")      # ASCII: few set bits (Ex1) or printable
     tls_block = blocks[by_port[tls.address[1]].name]
     assert "not obfs2: it looks like a TLS handshake record" in tls_block
+    assert "  TLS ClientHello: SNI example.org, JA4 %s  (TLS 1.3, " % reference_ja4(hello) in tls_block
+    assert "  TLS is exempt by design (Ex5" in tls_block
     check_figures(FE_LINE.search(tls_block), hello)
     assert FE_LINE.search(tls_block).group(1).startswith("exempt")
     print(out)                                        # for the report: pytest -s shows it
@@ -725,6 +732,9 @@ def test_tcpdump_capture_of_all_three_transports_http_and_tls(tmp_path):
     assert out.count("00000000  16 03 01 00 c8 01 00 00  c4 03 03 00 01 02 03 04") == 2   # obfs2, both ways
     assert "obfs3 (UniformDH)" in out and "It is obfs4, to the bridge of --state-dir" in out
     assert "not obfs2: it looks like HTTP" in out
+    assert re.search(r"  127\.0\.0\.1:\d+ \(initiator\): a ClientHello, in clear: SNI example\.org, JA4 %s"
+                     % reference_ja4(hello), out)
+    assert "the ServerHello is not in the capture" in out          # the echo server sent it back
 
 
 # --- pcaps built here --------------------------------------------------------------------
@@ -980,3 +990,261 @@ def test_short_recording_is_too_short_to_tell(tmp_path):
     assert status == 0 and "too short to tell" in out
     status, out, err = run("unmask", str(tmp_path))
     assert status == 0 and "too short to tell" in out and "Traceback" not in err
+
+
+# --- TLS (webtunnel): the ClientHello's SNI and JA4, and what unmask says ----------------------
+
+def hx(text):
+    return bytes.fromhex(text.replace(" ", ""))
+
+
+def client_hello_record(ciphers, extensions, record_version="0301"):
+    """A ClientHello in one handshake record (RFC 8446 4.1.2), built field by field. ``ciphers``:
+    hex; ``extensions``: [(type hex, data hex)], each data written out in full below."""
+    suites = hx(ciphers)
+    exts = b"".join(hx(kind) + len(hx(data)).to_bytes(2, "big") + hx(data) for kind, data in extensions)
+    body = (hx("0303")                                     # legacy_version 1.2, as 1.3 clients send
+            + bytes(range(32))                             # random
+            + hx("20") + bytes(32)                         # session_id: 32 bytes (middlebox compat.)
+            + len(suites).to_bytes(2, "big") + suites      # cipher_suites
+            + hx("01 00")                                  # compression_methods: null only
+            + len(exts).to_bytes(2, "big") + exts)         # extensions
+    message = hx("01") + len(body).to_bytes(3, "big") + body        # msg_type 1: ClientHello
+    return hx("16" + record_version) + len(message).to_bytes(2, "big") + message   # handshake record
+
+
+# JA4.md's own example (FoxIO-LLC/ja4, technical_details/JA4.md): its 15 cipher suites and 16
+# extensions in the order the spec lists them, its 8 signature algorithms, and GREASE (RFC 8701) in
+# every list, which JA4 must ignore. Published: t13d1516h2_8daaf6152771_e5627efa2ab1.
+SPEC_CIPHERS = "0a0a 1301 1302 1303 c02b c02f c02c c030 cca9 cca8 c013 c014 009c 009d 002f 0035"
+SPEC_EXTENSIONS = [
+    ("1a1a", ""),                                            # GREASE, empty
+    ("001b", "02 0002"),                                     # compress_certificate: brotli
+    ("0000", "000e 00 000b 6578616d706c652e6f7267"),         # server_name: host_name "example.org"
+    ("0033", "0029 2a2a 0001 00  001d 0020" + "11" * 32),    # key_share: GREASE (1 byte), x25519 (32)
+    ("0010", "000c 02 6832 08 687474702f312e31"),            # ALPN: "h2", "http/1.1"
+    ("4469", "0003 02 6832"),                                # application_settings: "h2"
+    ("0017", ""),                                            # extended_master_secret
+    ("002d", "01 01"),                                       # psk_key_exchange_modes: psk_dhe_ke
+    ("000d", "0010 0403 0804 0401 0503 0805 0501 0806 0601"),  # signature_algorithms, in order
+    ("0005", "01 0000 0000"),                                # status_request: OCSP
+    ("0023", ""),                                            # session_ticket
+    ("0012", ""),                                            # signed_certificate_timestamp
+    ("002b", "06 3a3a 0304 0303"),                           # supported_versions: GREASE, 1.3, 1.2
+    ("ff01", "00"),                                          # renegotiation_info
+    ("000b", "01 00"),                                       # ec_point_formats: uncompressed
+    ("000a", "0008 4a4a 001d 0017 0018"),                    # supported_groups: GREASE, x25519, P-256/384
+    ("0015", "0000 0000"),                                   # padding
+    ("5a5a", "00"),                                          # GREASE, one byte
+]
+# The Firefox ClientHello of FoxIO's pcap/tls12.pcap, rebuilt from the JA4_ro that their
+# python/test/testdata/tls12.pcap.json publishes (cipher suites, extensions and signature
+# algorithms in wire order). Published: JA4 t13d1715h2_5b57614c22b0_3d5424432f57, the same
+# in their Rust tool's snapshot. delegated_credentials (0022) holds signature algorithms too:
+# JA4 takes only signature_algorithms' (000d).
+FIREFOX_CIPHERS = "1301 1303 1302 c02b c02f cca9 cca8 c02c c030 c00a c009 c013 c014 009c 009d 002f 0035"
+FIREFOX_EXTENSIONS = [
+    ("0000", "001f 00 001c 636f6e74696c652e73657276696365732e6d6f7a696c6c612e636f6d"),  # the SNI
+    ("0017", ""), ("ff01", "00"), ("000a", "000e 001d 0017 0018 0019 0100 0101 0102"),
+    ("000b", "01 00"), ("0023", ""), ("0010", "000c 02 6832 08 687474702f312e31"),
+    ("0005", "01 0000 0000"), ("0022", "0008 0403 0503 0603 0203"),                 # delegated_credentials
+    ("0033", "0024 001d 0020" + "22" * 32), ("002b", "04 0304 0303"),
+    ("000d", "0016 0403 0503 0603 0804 0805 0806 0401 0501 0601 0203 0201"),
+    ("002d", "01 01"), ("001c", "4001"), ("0015", "00" * 20),
+]
+JA4_VERSIONS = {0x0304: "13", 0x0303: "12", 0x0302: "11", 0x0301: "10", 0x0300: "s3", 0x0002: "s2"}
+
+
+def reference_ja4(record):
+    """JA4 of the ClientHello in one TLS record, written here from JA4.md with byte offsets
+    (tlswire.py is not used): the check on what detect prints for Python's own ClientHello."""
+    grease = {0x0A0A + 0x1010 * i for i in range(16)}
+    numbers = lambda data: [int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2)]  # noqa
+    body = record[9:]                                  # record header 5, msg_type 1, length 3
+    at = 2 + 32 + 1 + body[34]                         # legacy_version, random, session_id
+    size = int.from_bytes(body[at:at + 2], "big")
+    ciphers = [c for c in numbers(body[at + 2:at + 2 + size]) if c not in grease]
+    at += 2 + size
+    at += 1 + body[at]                                 # compression_methods
+    end, at = at + 2 + int.from_bytes(body[at:at + 2], "big"), at + 2
+    extensions, signatures, versions, alpn = [], [], [], b""
+    while at < end:
+        kind, size = struct.unpack(">HH", body[at:at + 4])
+        data, at = body[at + 4:at + 4 + size], at + 4 + size
+        if kind in grease:
+            continue
+        extensions.append(kind)
+        if kind == 13:
+            signatures = [s for s in numbers(data[2:]) if s not in grease]
+        elif kind == 43:
+            versions = [v for v in numbers(data[1:]) if v not in grease]
+        elif kind == 16:
+            alpn = data[3:3 + data[2]]
+    version = max(versions) if versions else int.from_bytes(body[:2], "big")
+    ends = (alpn[:1] + alpn[-1:]).decode("latin-1")
+    a = "t%s%s%02d%02d%s" % (JA4_VERSIONS.get(version, "00"), "d" if 0 in extensions else "i",
+                            min(len(ciphers), 99), min(len(extensions), 99),
+                            "00" if not alpn else ends if ends.isalnum() and ends.isascii()
+                            else alpn.hex()[0] + alpn.hex()[-1])
+    b = ",".join(sorted("%04x" % c for c in ciphers))
+    c = ",".join(sorted("%04x" % e for e in extensions if e not in (0, 16)))
+    c += "_" + ",".join("%04x" % s for s in signatures) if c and signatures else ""
+    digest = lambda text: hashlib.sha256(text.encode()).hexdigest()[:12] if text else "0" * 12  # noqa
+    return "%s_%s_%s" % (a, digest(b), digest(c))
+
+
+def test_ja4_of_the_published_examples_built_byte_by_byte():
+    spec = client_hello_record(SPEC_CIPHERS, SPEC_EXTENSIONS)
+    hello = tlswire.hello(spec)
+    assert hello.sni == "example.org" and hello.alpn == [b"h2", b"http/1.1"] and hello.version == 0x0304
+    # JA4_r, as JA4.md prints it: the sorted lists before hashing, GREASE gone, SNI and ALPN out of c.
+    assert tlswire.ja4_raw(hello) == (
+        "t13d1516h2",
+        "002f,0035,009c,009d,1301,1302,1303,c013,c014,c02b,c02c,c02f,c030,cca8,cca9",
+        "0005,000a,000b,000d,0012,0015,0017,001b,0023,002b,002d,0033,4469,ff01_"
+        "0403,0804,0401,0503,0805,0501,0806,0601")
+    assert tlswire.ja4(hello) == reference_ja4(spec) == "t13d1516h2_8daaf6152771_e5627efa2ab1"
+    # JA4.md: "if there are no signature algorithms in the hello packet, then the string ends
+    # without an underscore": 000d present with an empty list gives its published 6d807ffa2a79.
+    no_signatures = [(kind, "0000" if kind == "000d" else data) for kind, data in SPEC_EXTENSIONS]
+    record = client_hello_record(SPEC_CIPHERS, no_signatures)
+    assert tlswire.ja4_raw(tlswire.hello(record))[2] == \
+        "0005,000a,000b,000d,0012,0015,0017,001b,0023,002b,002d,0033,4469,ff01"
+    assert tlswire.ja4(tlswire.hello(record)) == reference_ja4(record) == \
+        "t13d1516h2_8daaf6152771_6d807ffa2a79"
+    # "Ignore GREASE values anywhere it sees them": among the signature algorithms too.
+    greased = [(kind, "0012 0a0a 0403 0804 0401 0503 0805 0501 0806 0601" if kind == "000d" else data)
+               for kind, data in SPEC_EXTENSIONS]
+    assert tlswire.ja4(tlswire.hello(client_hello_record(SPEC_CIPHERS, greased))) == \
+        "t13d1516h2_8daaf6152771_e5627efa2ab1"
+    firefox = client_hello_record(FIREFOX_CIPHERS, FIREFOX_EXTENSIONS)
+    hello = tlswire.hello(firefox)
+    assert hello.sni == "contile.services.mozilla.com"
+    assert tlswire.ja4(hello) == reference_ja4(firefox) == "t13d1715h2_5b57614c22b0_3d5424432f57"
+
+
+@pytest.mark.parametrize("alpn,chars", [
+    (None, "00"), ("", "00"), ("68", "hh"), ("6832", "h2"), ("687474702f312e31", "h1"),
+    # JA4.md's examples of a first or last byte that is not alphanumeric: the hex digits instead
+    ("ab", "ab"), ("abcd", "ad"), ("30ab", "3b"), ("3031abcd", "3d"), ("30abcd31", "01"),
+])
+def test_ja4_alpn_characters(alpn, chars):
+    extensions = [("0000", "000e 00 000b 6578616d706c652e6f7267"), ("002b", "02 0304")]
+    if alpn is not None:
+        value = hx(alpn)
+        extensions.append(("0010", (len(value) + 1).to_bytes(2, "big").hex() + "%02x" % len(value) + alpn))
+    record = client_hello_record("1301", extensions)
+    assert tlswire.ja4(tlswire.hello(record)) == reference_ja4(record)
+    assert tlswire.ja4_raw(tlswire.hello(record))[0] == "t13d01%02d%s" % (len(extensions), chars)
+
+
+def test_a_client_hello_across_records_and_segments_and_what_is_not_one(tmp_path):
+    record = client_hello_record(SPEC_CIPHERS, SPEC_EXTENSIONS)
+    message = record[5:]
+    # The record layer may cut a handshake message anywhere: three records, one message.
+    split = b"".join(hx("160301") + len(part).to_bytes(2, "big") + part
+                     for part in (message[:3], message[3:200], message[200:]))
+    assert tlswire.ja4(tlswire.hello(split)) == "t13d1516h2_8daaf6152771_e5627efa2ab1"
+    for not_one in (record[:-1], split[:-30], b"", hx("170303 0005") + bytes(5), b"GET / HTTP/1.1\r\n",
+                    record[:5] + hx("02") + record[6:], os.urandom(600)):
+        assert tlswire.hello(not_one) is None                 # cut short, not TLS, a ServerHello ...
+    for _ in range(300):                                      # damage anywhere: None or a Hello, no crash
+        damaged = bytearray(record)
+        damaged[random.randrange(len(damaged))] = random.randrange(256)
+        assert tlswire.hello(bytes(damaged)) is None or tlswire.ja4(tlswire.hello(bytes(damaged)))
+    # In a pcap, in TCP segments of 1..300 bytes, shuffled: detect reassembles, then names it.
+    frames, _ = conversation_frames(random.Random(3), 1, ("10.0.0.1", 50000), ("192.0.2.7", 443),
+                                    split, b"\x16\x03\x03\x00\x02\x02\x00")
+    path = tmp_path / "hello.pcap"
+    path.write_bytes(pcap_file(frames, 1))
+    status, out = run_capture("detect", path)
+    assert status == 0
+    assert "  TLS ClientHello: SNI example.org, JA4 t13d1516h2_8daaf6152771_e5627efa2ab1  (TLS 1.3, " \
+           "15 cipher suites, 16 extensions, ALPN h2)" in out
+
+
+def memory_tls(tmp_path, request, reply, alpn=None):
+    """A whole TLS 1.3 connection between Python's ssl client and server, through memory
+    (ssl.MemoryBIO, no socket), as webtunnel's client sends it: (client bytes, server bytes)."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-subj", "/CN=wt.test", "-addext", "subjectAltName=DNS:wt.test", "-days", "2",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True, timeout=60)
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
+    client_context = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
+    if alpn:
+        client_context.set_alpn_protocols(alpn)
+        server_context.set_alpn_protocols(alpn)
+    bios = [ssl.MemoryBIO() for _ in range(4)]
+    client = client_context.wrap_bio(bios[0], bios[1], server_hostname="wt.test")
+    server = server_context.wrap_bio(bios[2], bios[3], server_side=True)
+    sent = (bytearray(), bytearray())
+
+    def carry():                        # client's output -> server's input, and back
+        for out, into, wire in ((bios[1], bios[2], sent[0]), (bios[3], bios[0], sent[1])):
+            data = out.read()
+            wire += data
+            into.write(data)
+
+    for _ in range(4):
+        for side in (client, server):
+            try:
+                side.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+        carry()
+    client.write(request)
+    carry()
+    assert server.read(len(request)) == request
+    server.write(reply)
+    carry()
+    assert client.read(len(reply)) == reply
+    return bytes(sent[0]), bytes(sent[1])
+
+
+def test_python_ssl_tls_is_named_by_detect_and_explained_by_unmask(tmp_path):
+    """What webtunnel's client sends: Python's own ClientHello (ssl.MemoryBIO + wrap_bio),
+    then the HTTP/1.1 Upgrade to the secret path inside TLS."""
+    hello = tls_client_hello("wt.test", ["http/1.1"])
+    parsed = tlswire.hello(hello)
+    assert parsed is not None and parsed.sni == "wt.test" and parsed.alpn == [b"http/1.1"]
+    assert tlswire.ja4(parsed) == reference_ja4(hello) and reference_ja4(hello).startswith("t13d")
+    assert parsed.key_shares and all(len(key) > 0 for _, key in parsed.key_shares)
+
+    request = (b"GET /k7Qm2Zx1c1b00b6 HTTP/1.1\r\nHost: wt.test\r\nConnection: upgrade\r\n"
+               b"Upgrade: websocket\r\n\r\n")
+    reply = b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n"
+    c_wire, s_wire = memory_tls(tmp_path, request, reply, ["http/1.1"])
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    (folder / "wt.initiator.bin").write_bytes(c_wire)
+    (folder / "wt.responder.bin").write_bytes(s_wire)
+    assert b"k7Qm2Zx1c1b00b6" not in c_wire + s_wire and b"wt.test" in c_wire      # the SNI shows
+
+    status, out = run_capture("detect", folder)
+    assert status == 0
+    ja4 = reference_ja4(c_wire[:5 + int.from_bytes(c_wire[3:5], "big")])
+    assert "  TLS ClientHello: SNI wt.test, JA4 %s  (TLS 1.3, " % ja4 in out
+    line = fully_encrypted_lines(out)[0]
+    check_figures(line, c_wire[:1460])
+    assert line.group(1).startswith("exempt") and line.group(7) == "starts like TLS"
+    rule = line.group(2)
+    assert "  TLS is exempt by design (%s): a censor that blocked what starts like TLS would block the web." \
+        % ("Ex5" if rule == "Ex5" else "Ex5, though %s came first here" % rule) in out
+    assert "    That is webtunnel's point: real TLS to a real web site" in out
+    assert "0 of 1 stream(s) flagged by the fully-encrypted test; 1 TLS stream(s) exempt" in out
+
+    status, out, err = run("unmask", str(folder))
+    assert status == 0, err                             # explained (friction 13)
+    assert "cannot unmask" not in out and "obfs3 (UniformDH)" not in out     # not the generic failure
+    assert "TLS (webtunnel looks exactly like this: HTTPS to a web site): the obfs2 attack has" in out
+    assert "  initiator: a ClientHello, in clear: SNI wt.test, JA4 %s" % ja4 in out
+    server_hello = tlswire.hello(s_wire, client=False)
+    group, key = server_hello.key_shares[0]
+    assert "  responder: a ServerHello, in clear: TLS 1.3, cipher suite %04x" % server_hello.ciphers[0] in out
+    assert "key share %s: %s ..., the server's ephemeral public key" % (
+        tlswire.GROUPS[group], key[:8].hex(" ")) in out
+    assert "The keys come from an ephemeral exchange, ECDHE over %s:" % tlswire.GROUPS[group] in out
+    assert "the server's certificate: encrypted under TLS 1.3," in out
+    assert "the HTTP request inside, for webtunnel GET /<secret path>" in out
