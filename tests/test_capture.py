@@ -13,6 +13,7 @@ here from the rules Wu et al. published.
 
 import hashlib
 import hmac
+import inspect
 import io
 import os
 import random
@@ -981,6 +982,41 @@ def test_unmask_exits_1_only_when_there_is_nothing_to_read(tmp_path, capsys):
     assert status == 0 and "0 of 0 stream(s) are obfs2" in out
     path.write_bytes(pcap_file([frame(101, packet)], 101)[:30])               # cut: unreadable
     assert "truncated pcap" in capture_error(capsys, "unmask", path)
+
+
+def test_capture_main_takes_no_transport():
+    """D12, capture's half: every stream is tried against every transport, so there is no
+    transport to give; obfs2's shared secret is the one transport setting that applies."""
+    parameters = list(inspect.signature(capture.main).parameters)
+    assert "transport" not in parameters and "options" not in parameters
+    assert parameters[:4] == ["command", "paths", "secret", "iterations"]
+
+
+@pytest.mark.xfail(strict=True, reason="D12, the command line's half: obfsproxy.py must refuse a "
+                   "transport for unmask/detect (the change is in the capture branch's report); "
+                   "drop this mark with that change")
+def test_unmask_and_detect_refuse_a_transport_instead_of_ignoring_it(tmp_path):
+    """D12: `unmask --transport=obfs4 DIR` and `detect --transport=obfs4 ...` were accepted
+    and ignored: a user believes they chose something."""
+    client = obfs2.Obfs2(True, shared_secret="s3cret", hash_iterations=10)
+    server = obfs2.Obfs2(False, shared_secret="s3cret", hash_iterations=10)
+    c_wire = client.start()
+    server.receive(c_wire)
+    s_wire = server.start() + server.data_to_send()        # a secret's responder answers later
+    client.receive(s_wire)
+    c_wire, s_wire = c_wire + client.send(b"hello"), s_wire + server.send(b"world")
+    (tmp_path / "x.initiator.bin").write_bytes(c_wire)
+    (tmp_path / "x.responder.bin").write_bytes(s_wire)
+    for command in ("unmask", "detect"):
+        for option in ("--transport=obfs4", "--transport=obfs2", "--iat-mode=0",
+                       "--transport-options=shared-secret=s3cret"):
+            status, out, err = run(command, option, str(tmp_path))
+            assert status == 2 and out == "", (command, option, err)
+            assert "%s is not used by %s" % (option.split("=")[0], command) in err
+        # obfs2's shared secret is still taken: it is tried on every stream.
+        status, out, err = run(command, "--shared-secret=s3cret", "--ss-hash-iterations=10", str(tmp_path))
+        assert status == 0 and ("|hello|" in out if command == "unmask" else
+                                "obfs2 with the shared secret" in out), err
 
 
 def test_short_recording_is_too_short_to_tell(tmp_path):
