@@ -1,17 +1,17 @@
-"""Terminal presentation shared by ``demo`` and ``unmask``/``detect``: no analysis here.
+"""Terminal presentation shared by ``demo`` and ``unmask``/``detect``: it draws, it decides nothing.
 
 What a student reads is drawn here, the same way in both commands::
 
-    Style            ANSI colour on a terminal, plain text anywhere else (NO_COLOR)
-    hexline/hexdump  bytes as "16 03 01 ..." and as offset | hex | ASCII rows
-    field_row        one row of a byte-layout table (offset, length, field, wire, meaning)
-    duration         '42 us', '12.3 ms', '1.23 s'
-    entropy          bits per byte, the figure shown beside random-looking bytes
-    key_schedule     obfs2's four keys, computed with obfs2.py's own functions,
-      _lines          and shown as the spec's formulas
-    header_lines     one obfs2 handshake message, field by field
+    Style               ANSI colour on a terminal, plain text anywhere else (NO_COLOR)
+    hexline, hexdump    bytes as "16 03 01 ..." and as offset | hex | ASCII rows
+    field_row           one row of a byte-layout table (offset, length, field, wire, meaning)
+    duration            '42 us', '12.3 ms', '1.23 s'
+    entropy             bits per byte, the figure shown beside random-looking bytes
+    key_schedule        obfs2's four keys, from obfs2.py's own functions, as table rows
+    key_schedule_lines  those rows as the spec's formulas, keys and IVs
+    header_lines        one obfs2 handshake message, field by field
 
-Every function returns strings (or lists of lines); none prints.
+Nothing here prints: every function returns values or lines for the caller to print.
 """
 
 import math
