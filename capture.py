@@ -1,12 +1,11 @@
-r"""The passive attacks, for teaching: ``unmask``, ``detect``, and ``--record-dir``.
+r"""The passive attacks, for teaching: ``unmask`` and ``detect``.
 
 obfs2 sends each side's seed in clear, and every key is a hash of the seeds.
 So anyone who records a connection can do what the two ends did::
 
     capture (pcap, or the two files of --record-dir)
-        |  read_pcap -> ip_packet -> tcp_segment      link layer, IPv4/IPv6, TCP
-        |  TcpTable -> reassemble                     each direction in sequence order
-        v
+        |  pcap.load                                  pcap.py: link layer, IP, TCP,
+        v                                             reassembly, recordings
     Conversation: the bytes each side sent (and each side's first TCP payload)
         |  read_side: SEED = bytes 0..15 (clear); PAD key = MAC(label, SEED);
         |             decrypt bytes 16..23 -> MAGIC, PADLEN       (detect stops here:
@@ -26,26 +25,24 @@ why they still do not decrypt anything: ntor is forward secure.
 
 ``detect`` also runs a test that needs no protocol knowledge at all: the
 "fully encrypted traffic" heuristic that the Great Firewall of China deployed
-in November 2021, as Wu et al. measured it (``fully_encrypted_test``). It looks
-at one packet, the client's first, and flags obfs2, obfs3 and obfs4 alike.
+in November 2021, as Wu et al. measured it (``FirstPacket``). It looks at one
+packet, the client's first, and flags obfs2, obfs3 and obfs4 alike.
 
-No sockets here: everything reads files or bytes. The recording side is the
-transport wrapper behind ``--record-dir`` (``transports.RecordDir``); its
-file names are what ``load`` reads back.
+No sockets here: everything reads files or bytes (pcap.py), and what is shown
+is drawn by present.py, which ``demo`` uses too. The recording side is the
+transport wrapper behind ``--record-dir`` (``transports.RecordDir``).
 
-Errors: ``CaptureError`` means the input cannot be read (truncated, corrupt,
-unsupported, not a capture); ``main`` prints it on one line and exits with
-status 1.
+Errors: ``CaptureError`` (pcap.py) means the input cannot be read (truncated,
+corrupt, unsupported, not a capture); ``main`` prints it on one line and exits
+with status 1.
 """
 
 import functools
 import hashlib
 import hmac
 import json
-import math
 import os
 import re
-import socket
 import struct
 import sys
 import textwrap
@@ -55,147 +52,23 @@ from pathlib import Path
 import obfs2
 import obfs3
 import obfs4
-import transports
+import tlswire
 from obfs4_crypto import elligator2_direct, x25519
+from pcap import CaptureError, load
+from present import (
+    FIELD_HEADER,
+    PLAIN,
+    duration,
+    entropy,
+    field_row,
+    header_lines,
+    hexdump,
+    hexline,
+    key_schedule,
+    key_schedule_lines,
+)
 
 SHOW_BYTES = 512          # decrypted bytes shown per direction without --full
-
-
-class CaptureError(Exception):
-    """The capture cannot be read. The message is one line for the user."""
-
-
-# --- Presentation, shared with demo.py -----------------------------------------
-
-class Style:
-    """ANSI colour for a terminal, plain text anywhere else.
-
-    ``Style.for_stream(sys.stdout)`` colours only when the stream is a
-    terminal, ``NO_COLOR`` is unset or empty (no-color.org) and TERM is not
-    "dumb".
-    """
-
-    CODES = {"title": "1", "field": "1;36", "clear": "32", "wire": "33",
-             "ok": "1;32", "bad": "1;31", "dim": "2"}
-
-    def __init__(self, enabled=False):
-        self.enabled = enabled
-
-    @classmethod
-    def for_stream(cls, stream):
-        isatty = getattr(stream, "isatty", None)
-        # The classic Windows console shows ANSI codes raw; Windows Terminal does not.
-        ansi = sys.platform != "win32" or "WT_SESSION" in os.environ
-        return cls(ansi and bool(isatty and isatty()) and not os.environ.get("NO_COLOR")
-                   and os.environ.get("TERM") != "dumb")
-
-    def __call__(self, kind, text):
-        if not self.enabled:
-            return text
-        return "\x1b[%sm%s\x1b[0m" % (self.CODES[kind], text)
-
-
-PLAIN = Style(False)
-
-
-def duration(seconds):
-    """'42 us', '12.3 ms' or '1.23 s'."""
-    if seconds < 0.01:
-        return "%.0f us" % (seconds * 1e6)
-    return "%.1f ms" % (seconds * 1e3) if seconds < 1 else "%.2f s" % seconds
-
-
-def hexline(data, limit=16):
-    """'16 03 01 ...': the first ``limit`` bytes, spaced."""
-    shown = " ".join("%02x" % b for b in data[:limit])
-    return shown + (" ..." if len(data) > limit else "")
-
-
-def hexdump(data, limit=None, indent="    "):
-    """Offset, hex and ASCII, 16 bytes a line (like ``hexdump -C``)."""
-    shown = data if limit is None else data[:limit]
-    lines = []
-    for offset in range(0, len(shown), 16):
-        row = shown[offset:offset + 16]
-        hexes = " ".join("%02x" % b for b in row[:8]) + "  " + " ".join("%02x" % b for b in row[8:])
-        text = "".join(chr(b) if 32 <= b < 127 else "." for b in row)
-        lines.append("%s%08x  %-49s|%s|" % (indent, offset, hexes, text))
-    if len(shown) < len(data):
-        lines.append("%s... %d more bytes" % (indent, len(data) - len(shown)))
-    return lines
-
-
-def mac_formula(label, inputs, secret_hash):
-    """The spec's formula for one key, as text."""
-    if secret_hash is None:
-        return 'MAC("%s", %s)' % (label.decode(), inputs)
-    return 'H^n(s | %s | H(SECRET) | s), s = "%s"' % (inputs, label.decode())
-
-
-def key_schedule(init_seed, resp_seed, secret_hash=None, iterations=obfs2.HASH_ITERATIONS):
-    """The four keys of one connection, computed with obfs2.py's own functions.
-
-    Returns rows (name, label, inputs, m, what it encrypts); m is the 32-byte
-    MAC output: AES key = m[:16], CTR initial counter block = m[16:].
-    """
-    init_secret, resp_secret = obfs2.data_keys(init_seed, resp_seed, secret_hash, iterations)
-    return [
-        ("INIT_PAD", obfs2.INIT_PAD_LABEL, "INIT_SEED",
-         obfs2.pad_key(init_seed, True, secret_hash, iterations),
-         "the initiator's MAGIC, PADLEN and padding"),
-        ("RESP_PAD", obfs2.RESP_PAD_LABEL, "RESP_SEED",
-         obfs2.pad_key(resp_seed, False, secret_hash, iterations),
-         "the responder's MAGIC, PADLEN and padding (RESP_SEED: spec erratum 1)"),
-        ("INIT_SECRET", obfs2.INIT_DATA_LABEL, "INIT_SEED | RESP_SEED", init_secret,
-         "all data initiator -> responder"),
-        ("RESP_SECRET", obfs2.RESP_DATA_LABEL, "INIT_SEED | RESP_SEED", resp_secret,
-         "all data responder -> initiator"),
-    ]
-
-
-def key_schedule_lines(rows, secret_hash=None, style=PLAIN):
-    lines = []
-    for name, label, inputs, m, purpose in rows:
-        lines.append("  %s = %s" % (style("field", "%-11s" % name), mac_formula(label, inputs, secret_hash)))
-        lines.append("                key %s  IV %s" % (style("wire", m[:16].hex()),
-                                                        style("wire", m[16:].hex())))
-        lines.append("                encrypts %s" % purpose)
-    return lines
-
-
-def header_lines(data, initiator, pad_m, style=PLAIN):
-    """One side's handshake message, field by field: what crossed the wire and
-    what it decrypts to with that side's PAD key ``pad_m`` (a key_schedule m)."""
-    seed = bytes(data[:obfs2.SEED_LENGTH])
-    wire = bytes(data[:obfs2.HEADER_LENGTH])
-    clear = obfs2.ctr(pad_m).decrypt(wire[16:24])
-    magic, padlen = struct.unpack(">II", clear)
-    key = "INIT_PAD" if initiator else "RESP_PAD"
-    magic_ok = magic == obfs2.MAGIC_VALUE
-    verdict = style("ok", "= MAGIC_VALUE") if magic_ok else style("bad", "!= MAGIC_VALUE 2b f5 ca 7e")
-    lines = [
-        "    offset  length  field    on the wire                         meaning",
-        "    %6d  %6d  %s  %s  the sender's seed, in clear"
-        % (0, 16, style("field", "SEED   "), style("wire", "%-34s" % seed.hex())),
-        "    %6d  %6d  %s  %s  E(%s) -> %s %s"
-        % (16, 4, style("field", "MAGIC  "), style("wire", "%-34s" % hexline(wire[16:20])), key,
-           hexline(clear[:4]), verdict),
-        "    %6d  %6d  %s  %s  E(%s) -> %s = %d"
-        % (20, 4, style("field", "PADLEN "), style("wire", "%-34s" % hexline(wire[20:24])), key,
-           hexline(clear[4:]), padlen),
-    ]
-    if magic_ok and padlen <= obfs2.MAX_PADDING:
-        padding = data[obfs2.HEADER_LENGTH:obfs2.HEADER_LENGTH + padlen]
-        lines.append("    %6d  %6d  %s  %s  E(%s): random, dropped unread by the receiver"
-                     % (24, padlen, style("field", "padding"),
-                        style("wire", "%-34s" % (hexline(padding, 8) if padding else "(none)")), key))
-        data_len = len(data) - obfs2.HEADER_LENGTH - padlen
-        lines.append("    %6d  %6d  %s  %s  E(%s, application bytes)"
-                     % (24 + padlen, max(data_len, 0), style("field", "data   "),
-                        style("wire", "%-34s" % (hexline(data[24 + padlen:], 8) if data_len > 0
-                                                 else "(none)")),
-                        "INIT_SECRET" if initiator else "RESP_SECRET"))
-    return lines
 
 
 def looks_like(data):
@@ -306,382 +179,6 @@ def fully_encrypted_line(conv):
     first = FirstPacket(packet)
     return "fully-encrypted test: %s  %s  (%s%s)" % (first.verdict, first.figures(), where, unknown)
 
-
-# --- pcap files -------------------------------------------------------------------
-
-PCAP_MAGICS = {            # magic as stored -> (struct byte order, timestamp unit)
-    b"\xd4\xc3\xb2\xa1": ("<", "microsecond"), b"\xa1\xb2\xc3\xd4": (">", "microsecond"),
-    b"\x4d\x3c\xb2\xa1": ("<", "nanosecond"), b"\xa1\xb2\x3c\x4d": (">", "nanosecond"),
-}
-PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
-LINKTYPES = {0: "BSD loopback", 1: "Ethernet", 101: "raw IP", 108: "OpenBSD loopback",
-             113: "Linux cooked (SLL)", 228: "raw IPv4", 229: "raw IPv6",
-             276: "Linux cooked v2 (SLL2)"}
-MAX_RECORD = 1 << 24      # a record longer than this is corruption, not a packet
-
-
-class Pcap:
-    """A classic pcap file (what ``tcpdump -w`` writes): header, then records.
-
-    Iterate for each packet's (time in unix seconds, frame bytes); ``packets`` counts them.
-    Raises CaptureError on a truncated or corrupt file; pcapng is recognised and refused.
-    """
-
-    def __init__(self, path):
-        self.path = Path(path)
-        self._file = self.path.open("rb")
-        header = self._file.read(24)
-        if header[:4] == PCAPNG_MAGIC:
-            self._file.close()
-            raise CaptureError("pcapng is not supported; convert it with "
-                               "`tcpdump -r FILE -w out.pcap` or `editcap -F pcap FILE out.pcap`")
-        if header[:4] not in PCAP_MAGICS:
-            self._file.close()
-            raise CaptureError("not a pcap file (magic %s)" % (header[:4].hex() or "missing: empty file"))
-        if len(header) < 24:
-            self._file.close()
-            raise CaptureError("truncated pcap: the file header has %d of 24 bytes" % len(header))
-        self._order, self.resolution = PCAP_MAGICS[header[:4]]
-        major, minor, _, _, self.snaplen, network = struct.unpack(self._order + "HHiIII", header[4:])
-        self.linktype = network & 0x0FFFFFFF      # the high bits carry FCS information
-        if self.linktype not in LINKTYPES:
-            self._file.close()
-            raise CaptureError("unsupported link type %d (have: %s)" % (
-                self.linktype, ", ".join("%d %s" % item for item in sorted(LINKTYPES.items()))))
-        self.version = "%d.%d" % (major, minor)
-        self._fraction = 1e-9 if self.resolution == "nanosecond" else 1e-6
-        self.packets = 0
-
-    def __iter__(self):
-        with self._file:
-            offset = 24
-            while True:
-                number = self.packets + 1
-                record = self._file.read(16)
-                if not record:
-                    return
-                if len(record) < 16:
-                    raise CaptureError("truncated pcap: packet %d's record header at byte %d "
-                                       "has %d of 16 bytes" % (number, offset, len(record)))
-                seconds, fraction, incl_len, orig_len = struct.unpack(self._order + "IIII", record)
-                if incl_len > max(self.snaplen, 262144, orig_len) or incl_len > MAX_RECORD:
-                    raise CaptureError("corrupt pcap: packet %d at byte %d claims %d bytes"
-                                       % (number, offset, incl_len))
-                frame = self._file.read(incl_len)
-                if len(frame) < incl_len:
-                    raise CaptureError("truncated pcap: packet %d at byte %d has %d of its %d bytes"
-                                       % (number, offset, len(frame), incl_len))
-                offset += 16 + incl_len
-                self.packets = number
-                yield seconds + fraction * self._fraction, frame
-
-
-def ip_packet(linktype, frame):
-    """The IPv4 or IPv6 packet inside one link-layer frame, or None."""
-    if linktype == 1:                                  # Ethernet: dst(6) src(6) type(2)
-        offset, ethertype = 14, frame[12:14]
-        while ethertype in (b"\x81\x00", b"\x88\xa8"):  # 802.1Q / 802.1ad VLAN tags
-            ethertype, offset = frame[offset + 2:offset + 4], offset + 4
-        if ethertype not in (b"\x08\x00", b"\x86\xdd"):
-            return None
-    elif linktype == 113:                              # SLL: ... protocol(2) at 14
-        offset = 16 if frame[14:16] in (b"\x08\x00", b"\x86\xdd") else None
-    elif linktype == 276:                              # SLL2: protocol(2) at 0, 20 bytes
-        offset = 20 if frame[0:2] in (b"\x08\x00", b"\x86\xdd") else None
-    elif linktype in (0, 108):                         # a 4-byte address family
-        offset = 4
-    else:                                              # raw IP
-        offset = 0
-    if offset is None or len(frame) <= offset or frame[offset] >> 4 not in (4, 6):
-        return None
-    return frame[offset:]
-
-
-class Segment:
-    __slots__ = ("src", "dst", "seq", "flags", "payload", "cut")
-
-    def __init__(self, src, dst, seq, flags, payload, cut):
-        self.src, self.dst, self.seq, self.flags = src, dst, seq, flags
-        self.payload, self.cut = payload, cut
-
-
-SYN, ACK = 0x02, 0x10
-
-
-def tcp_segment(packet):
-    """The TCP segment in one IP packet, or None. ValueError when malformed.
-
-    IPv4: header length IHL*4, total length at 2, protocol at 9, addresses at
-    12 and 16. IPv6: payload length at 4, next header at 6, addresses at 8 and
-    24; extension headers are skipped. Fragments are not reassembled (TCP
-    avoids them; loopback never makes them): they are skipped.
-    """
-    if packet[0] >> 4 == 4:
-        ihl = (packet[0] & 0x0F) * 4
-        if ihl < 20 or len(packet) < ihl:
-            raise ValueError("bad IPv4 header length")
-        total, fragment = struct.unpack(">H2xH", packet[2:8])
-        if packet[9] != 6 or fragment & 0x3FFF:        # not TCP, or MF / fragment offset set
-            return None
-        src = socket.inet_ntop(socket.AF_INET, packet[12:16])
-        dst = socket.inet_ntop(socket.AF_INET, packet[16:20])
-        start, end = ihl, total or len(packet)         # total 0: a TSO packet, as captured
-    else:
-        if len(packet) < 40:
-            raise ValueError("short IPv6 header")
-        end = 40 + (struct.unpack(">H", packet[4:6])[0] or len(packet) - 40)
-        next_header, start = packet[6], 40
-        while next_header in (0, 43, 60):              # hop-by-hop, routing, destination options
-            if len(packet) < start + 2:
-                raise ValueError("short IPv6 extension header")
-            next_header, start = packet[start], start + (packet[start + 1] + 1) * 8
-        if next_header != 6:                           # not TCP, or a fragment (44)
-            return None
-        src = socket.inet_ntop(socket.AF_INET6, packet[8:24])
-        dst = socket.inet_ntop(socket.AF_INET6, packet[24:40])
-    if end < start + 20 or len(packet) < start + 20:
-        raise ValueError("short TCP header")
-    tcp = packet[start:end]
-    sport, dport, seq, _, offset_byte, flags = struct.unpack(">HHIIBB", tcp[:14])
-    data_offset = (offset_byte >> 4) * 4
-    if data_offset < 20 or data_offset > len(tcp):
-        raise ValueError("bad TCP data offset")
-    return Segment((src, sport), (dst, dport), seq, flags, bytes(tcp[data_offset:]),
-                   cut=len(packet) < end)
-
-
-def _placed(segments, first_seq=None):
-    """(offset from the stream's first byte, payload) for each (seq, payload), in capture
-    order. ``first_seq``: the first data byte's sequence number (SYN + 1) when the SYN
-    was captured; otherwise the lowest sequence number seen starts the stream."""
-    origin = segments[0][0] if first_seq is None else first_seq
-
-    def offset(seq):          # signed distance from origin, modulo 2**32 (seq wraps)
-        return (seq - origin + 0x80000000) % 0x100000000 - 0x80000000
-
-    placed = [(offset(seq), payload) for seq, payload in segments]
-    if first_seq is None:
-        start = min(position for position, _ in placed)
-        placed = [(position - start, payload) for position, payload in placed]
-    return placed
-
-
-def reassemble(segments, first_seq=None):
-    """One direction's bytes in sequence order, from (seq, payload) pairs in
-    capture order: out-of-order segments are placed by sequence number,
-    retransmits and overlaps are dropped (the first copy wins).
-
-    Returns (bytes, complete): complete is False at a hole, where the capture
-    missed a segment; the bytes stop there. (``_placed`` says where a stream starts.)
-    """
-    if not segments:
-        return b"", True
-    out = bytearray()
-    for position, payload in sorted(_placed(segments, first_seq), key=lambda item: item[0]):
-        if position + len(payload) <= len(out):
-            continue                                   # a retransmit of bytes we have
-        if position > len(out):
-            return bytes(out), False                   # a hole: bytes missing from the capture
-        out += payload[len(out) - position:]
-    return bytes(out), True
-
-
-def first_payload(segments, first_seq=None):
-    """The payload of the segment that starts the stream (the first captured copy):
-    the packet a censor's first-packet test looks at. None if it was not captured."""
-    if not segments:
-        return None
-    return next((payload for position, payload in _placed(segments, first_seq) if position == 0), None)
-
-
-class Conversation:
-    """The bytes both sides of one TCP connection sent, ready for analysis.
-
-    ``ends`` names the two sides, ``streams`` holds what each side sent, and
-    ``initiator`` is 0 or 1 when we know who opened the connection (a captured
-    SYN, or a recording's file name), else None and both roles are tried.
-    ``first_packets``: each side's first TCP payload (None: packet boundaries are
-    not known, as in a recording). ``time``: unix time of its first packet (a
-    recording: its file's modification time), or None.
-    """
-
-    def __init__(self, name, ends, streams, initiator=None, notes=(), first_packets=(None, None),
-                 time=None):
-        self.name, self.ends, self.streams = name, ends, streams
-        self.initiator = initiator
-        self.notes = list(notes)
-        self.first_packets = tuple(first_packets)
-        self.time = time
-
-
-def _endpoint(address):
-    host, port = address
-    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
-
-
-class TcpTable:
-    """TCP connections in a capture, keyed by their two endpoints."""
-
-    def __init__(self):
-        self.connections = []
-        self._current = {}
-
-    def add(self, segment, when=None):
-        key = tuple(sorted((segment.src, segment.dst)))
-        conn = self._current.get(key)
-        syn_only = segment.flags & (SYN | ACK) == SYN
-        if conn is not None and syn_only and \
-                conn["first_seq"][conn["ends"].index(segment.src)] != (segment.seq + 1) % 2 ** 32:
-            conn = None                                # a new connection on the same ports
-        if conn is None:
-            conn = {"ends": (segment.src, segment.dst), "initiator": None, "time": when,
-                    "first_seq": [None, None], "segments": ([], []), "cut": 0}
-            self._current[key] = conn
-            self.connections.append(conn)
-        side = conn["ends"].index(segment.src)
-        seq = segment.seq
-        if segment.flags & SYN:
-            seq = (seq + 1) % 2 ** 32                  # the SYN takes one sequence number
-            conn["first_seq"][side] = seq
-            if syn_only:
-                conn["initiator"] = side
-        if segment.payload:
-            conn["segments"][side].append((seq, segment.payload))
-        conn["cut"] += segment.cut
-
-    def conversations(self):
-        for conn in self.connections:
-            if not any(conn["segments"]):
-                continue
-            streams, notes, firsts = [], [], []
-            for side in (0, 1):
-                data, complete = reassemble(conn["segments"][side], conn["first_seq"][side])
-                streams.append(data)
-                firsts.append(first_payload(conn["segments"][side], conn["first_seq"][side]))
-                if not complete:
-                    notes.append("%s's stream has a hole after %d bytes: segments are missing "
-                                 "from the capture" % (_endpoint(conn["ends"][side]), len(data)))
-            if conn["cut"]:
-                notes.append("%d packet(s) were cut at the capture's snapshot length" % conn["cut"])
-            ends = tuple(_endpoint(end) for end in conn["ends"])
-            if conn["initiator"] == 1:
-                ends, streams, firsts = ends[::-1], streams[::-1], firsts[::-1]
-            initiator = None if conn["initiator"] is None else 0
-            arrow = "->" if initiator == 0 else "<->"
-            yield Conversation("%s %s %s" % (ends[0], arrow, ends[1]), ends, tuple(streams),
-                               initiator, notes, firsts, conn["time"])
-
-
-def read_pcap(path):
-    """(description, conversations) of one pcap file."""
-    pcap = Pcap(path)
-    table = TcpTable()
-    malformed = 0
-    for when, frame in pcap:
-        packet = ip_packet(pcap.linktype, frame)
-        if packet is None:
-            continue
-        try:
-            segment = tcp_segment(packet)
-        except (ValueError, struct.error, IndexError):
-            malformed += 1
-            continue
-        if segment is not None:
-            table.add(segment, when)
-    conversations = list(table.conversations())
-    description = "%s: pcap %s, %s, %s timestamps, %d packets, %d TCP connection(s) with data" % (
-        path, pcap.version, LINKTYPES[pcap.linktype], pcap.resolution, pcap.packets, len(conversations))
-    if malformed:
-        description += "; %d malformed packet(s) skipped" % malformed
-    return description, conversations
-
-
-# --- Recordings (--record-dir) ----------------------------------------------------
-#
-# Each connection makes two files that share a prefix:
-#     <YYYYmmdd-HHMMSS>-<client|server>-<pid>-<n>.initiator.bin   bytes the initiator sent
-#     <YYYYmmdd-HHMMSS>-<client|server>-<pid>-<n>.responder.bin   bytes the responder sent
-# "client" or "server" says which end recorded them; both see the same bytes.
-
-
-
-ROLE_SUFFIXES = transports.ROLE_SUFFIXES
-
-
-def read_recordings(paths):
-    """Conversations from recording files: pairs named <prefix>.initiator.bin
-    and <prefix>.responder.bin; otherwise two files are one connection with
-    unknown roles, and one file is one direction."""
-    pairs, loose = {}, []
-    for path in paths:
-        for role, suffix in enumerate(ROLE_SUFFIXES):
-            if path.name.endswith(suffix):
-                pairs.setdefault(str(path)[:-len(suffix)], [None, None])[role] = path
-                break
-        else:
-            loose.append(path)
-    groups = [(Path(prefix).name, files, 0) for prefix, files in sorted(pairs.items())]
-    if len(loose) == 2:
-        groups.append(("%s + %s" % (loose[0].name, loose[1].name), loose, None))
-    elif loose:
-        groups.extend((path.name, [path, None], None) for path in loose)
-    conversations = []
-    for name, files, initiator in groups:
-        streams = tuple(path.read_bytes() if path else b"" for path in files)
-        ends = ("initiator", "responder") if initiator == 0 else \
-            tuple(path.name if path else "(missing)" for path in files)
-        notes = ["only one direction was recorded: %s is missing" % ("initiator", "responder")[side]
-                 for side, path in enumerate(files) if path is None and initiator == 0]
-        when = min(path.stat().st_mtime for path in files if path)
-        conversations.append(Conversation(name, ends, streams, initiator, notes, time=when))
-    return conversations
-
-
-def check_raw_stream(path):
-    """A file that is neither a pcap nor named like a recording is taken as one raw
-    direction of a connection, unless it is plainly not one: empty, or text."""
-    with path.open("rb") as f:
-        head = f.read(512)
-    if not head:
-        raise CaptureError("%s: not a capture: the file is empty" % path)
-    if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
-        raise CaptureError("%s: not a capture: it is a text file. Give a pcap file (tcpdump -w), "
-                           "or the recordings of --record-dir (*.initiator.bin, *.responder.bin)"
-                           % path)
-
-
-def load(paths):
-    """(descriptions, conversations) from capture arguments: pcap files,
-    recording files, or directories of recordings."""
-    descriptions, conversations, recordings = [], [], []
-    for path in map(Path, paths):
-        if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.name.endswith(ROLE_SUFFIXES))
-            if not found:
-                raise CaptureError("%s: no recordings (*.initiator.bin, *.responder.bin) in this "
-                                   "directory" % path)
-            recordings.extend(found)
-            continue
-        with path.open("rb") as f:
-            magic = f.read(4)
-        if magic in PCAP_MAGICS or magic == PCAPNG_MAGIC or path.suffix in (".pcap", ".cap", ".pcapng"):
-            try:
-                description, found = read_pcap(path)
-            except CaptureError as exc:
-                raise CaptureError("%s: %s" % (path, exc))
-            descriptions.append(description)
-            conversations.extend(found)
-        else:
-            if not path.name.endswith(ROLE_SUFFIXES):
-                check_raw_stream(path)
-            recordings.append(path)
-    if recordings:
-        found = read_recordings(recordings)
-        descriptions.append("%d recording file(s): %d connection(s)" % (len(recordings), len(found)))
-        conversations.extend(found)
-    return descriptions, conversations
-
-
 # --- The attack ------------------------------------------------------------------
 
 class Work:
@@ -787,37 +284,6 @@ def cost_lines(iterations):
 
 # --- Why the attack fails on obfs3 and obfs4 -------------------------------------
 
-FIELD_HEADER = "    %6s  %8s  %-12s  %-34s  %s" % ("offset", "length", "field", "on the wire", "meaning")
-
-
-def field_row(offset, length, name, wire, meaning, style=PLAIN):
-    return "    %6s  %8s  %s  %s  %s" % (offset, length, style("field", "%-12s" % name),
-                                         style("wire", "%-34s" % wire), meaning)
-
-
-def entropy(data):
-    """Shannon entropy in bits per byte (uniformly random bytes: close to 8)."""
-    counts = [0] * 256
-    for byte in data:
-        counts[byte] += 1
-    return -sum(c / len(data) * math.log2(c / len(data)) for c in counts if c)
-
-
-def role_name(conv, index):
-    """'initiator', or '127.0.0.1:5000 (initiator)' when the capture names the ends."""
-    role = "initiator" if index == (conv.initiator or 0) else "responder"
-    if conv.initiator is None:
-        role = "taken as the " + role
-    return role if conv.ends[index] in ("initiator", "responder") else "%s (%s)" % (conv.ends[index], role)
-
-
-def client_first(conv):
-    """(what the initiator sent, what the responder sent); the first side seen when
-    nobody knows who opened the connection."""
-    first = conv.initiator or 0
-    return conv.streams[first], conv.streams[1 - first]
-
-
 def obfs2_attempt_lines(conv):
     """What the obfs2 attack read in each direction: the would-be seed, and what
     the PAD key made from it decrypts bytes 16..23 to."""
@@ -828,7 +294,7 @@ def obfs2_attempt_lines(conv):
         initiator = index == (conv.initiator or 0)
         seed, magic, padlen, _ = obfs2.read_header(data, initiator)
         lines.append("  %s: bytes 0..15 as SEED %s; %s from it decrypts bytes 16..23 to"
-                     % (role_name(conv, index), hexline(seed, 6), "INIT_PAD" if initiator else "RESP_PAD"))
+                     % (conv.role_name(index), hexline(seed, 6), "INIT_PAD" if initiator else "RESP_PAD"))
         lines.append("      %s, not 2b f5 ca 7e and a PADLEN <= 8192"
                      % hexline(struct.pack(">II", magic, padlen)))
     return lines
@@ -837,7 +303,7 @@ def obfs2_attempt_lines(conv):
 def explain_obfs3(conv):
     """obfs3, field by field: the clear values are public keys, not seeds."""
     lines = ["obfs3 (UniformDH): each side sends at once a public value, then padding:", FIELD_HEADER]
-    for data, initiator, label in zip(client_first(conv), ("INIT", "RESP"), ("initiator", "responder")):
+    for data, initiator, label in zip(conv.client_first(), ("INIT", "RESP"), ("initiator", "responder")):
         if len(data) < obfs3.PUBLIC_KEY_LENGTH:
             lines.append("    the %s sent %d bytes: too few for obfs3's 192-byte public value"
                          % (label, len(data)))
@@ -867,7 +333,7 @@ def explain_obfs3(conv):
 
 def explain_obfs4(conv):
     """obfs4 without the bridge's keys: nothing to find, nothing to check."""
-    first, second = client_first(conv)
+    first, second = conv.client_first()
     return [
         "obfs4 (ntor over X25519): the client sends its handshake, the server answers:",
         FIELD_HEADER,
@@ -957,11 +423,11 @@ def check_obfs4(conv, bridge, style=PLAIN):
     client, pos = found
     c_data, s_data = conv.streams[client], conv.streams[1 - client]
     e = match_epoch(bridge.key, c_data[:pos + 16], c_data[pos + 16:pos + 32], conv.time)
-    lines.append("  %s: the client's handshake, %d bytes" % (role_name(conv, client), pos + 32))
+    lines.append("  %s: the client's handshake, %d bytes" % (conv.role_name(client), pos + 32))
     lines += client_handshake_rows(c_data, pos, e, style)
     spos = find_mark(s_data, obfs4.h16(bridge.key, s_data[:32]), 64)
     if spos >= 0 and e:
-        lines.append("  %s: the server's reply" % role_name(conv, 1 - client))
+        lines.append("  %s: the server's reply" % conv.role_name(1 - client))
         lines += server_reply_rows(s_data, spos, bridge.key, e, style)
     x_u = elligator2_direct(c_data[:32])
     lines += [
@@ -1007,6 +473,21 @@ def server_reply_rows(data, pos, key, e, style=PLAIN):
                       "the seed frame (45 bytes), then data: sealed with keys from KEY_SEED")]
 
 
+# --- TLS (webtunnel, or any HTTPS): tlswire.py reads it and says what it shows ---------
+
+def tls_client(conv):
+    """(index, ClientHello) of the side that opened with a TLS ClientHello, or None."""
+    sides = [conv.initiator] if conv.initiator is not None else [0, 1]
+    return next(((index, hello) for index in sides
+                 for hello in [tlswire.hello(conv.streams[index])] if hello), None)
+
+
+def explain_tls(conv, index, hello):
+    """unmask on TLS: what is in clear, where the keys come from, what stays sealed."""
+    return tlswire.explain(hello, conv.streams[index], conv.streams[1 - index],
+                           conv.role_name(index), conv.role_name(1 - index))
+
+
 # --- Commands ----------------------------------------------------------------------
 
 FULLY_ENCRYPTED_NOTE = textwrap.fill(
@@ -1023,7 +504,7 @@ NO_MAGIC_HINT = ("random from the first byte, with no magic: obfs3, obfs4 and ob
 
 def run_detect(conversations, secret_hash, iterations, out):
     total = Work()
-    count = flagged = 0
+    count = flagged = tls_streams = 0
     for number, conv in enumerate(conversations, 1):
         sides, work = examine(conv, secret_hash, iterations)
         is_obfs2, why = verdict(sides, secret_hash is not None)
@@ -1038,8 +519,15 @@ def run_detect(conversations, secret_hash, iterations, out):
         print("  %s" % why, file=out)
         if why.startswith("not obfs2: no magic value"):
             print("  %s" % NO_MAGIC_HINT, file=out)
+        tls = tls_client(conv)
+        if tls:
+            print("  TLS ClientHello: %s" % tlswire.summary(tls[1]), file=out)
         print("  work: %s" % work, file=out)
         print("  %s" % encrypted, file=out)
+        exempt = re.search(r"test: exempt \((Ex\d)\).*starts like TLS", encrypted)
+        if tls and exempt:
+            tls_streams += 1
+            print("\n".join("  " + line for line in tlswire.exemption_lines(exempt.group(1))), file=out)
         for note in conv.notes:
             print("  note: %s" % note, file=out)
     print(file=out)
@@ -1048,8 +536,9 @@ def run_detect(conversations, secret_hash, iterations, out):
     if secret_hash is None:
         print("Each check derives a PAD key from the clear seed (one SHA-256) and decrypts "
               "8 bytes (one AES block): obfs2 is trivially detectable.", file=out)
-    print("%d of %d stream(s) flagged by the fully-encrypted test." % (flagged, len(conversations)),
-          file=out)
+    print("%d of %d stream(s) flagged by the fully-encrypted test%s." % (
+        flagged, len(conversations), "; %d TLS stream(s) exempt, as webtunnel counts on" % tls_streams
+        if tls_streams else ""), file=out)
     print(FULLY_ENCRYPTED_NOTE, file=out)
     return 0
 
@@ -1072,7 +561,11 @@ def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out, bri
     is_obfs2, why = verdict(sides, secret_hash is not None)
     say(why if not is_obfs2 else "cannot unmask: " + why)
     long_enough = [side for side in sides if len(side.data) >= obfs2.HEADER_LENGTH]
-    if not found and long_enough and not any(looks_like(side.data) for side in long_enough):
+    tls = tls_client(conv) if not found else None
+    if tls:
+        for line in explain_tls(conv, *tls):
+            say(line)
+    elif not found and long_enough and not any(looks_like(side.data) for side in long_enough):
         for line in explain_no_key(conv, secret_hash, iterations, bridge):
             say(line)
     elif len(found) == 1 and not all(conv.streams):
@@ -1148,11 +641,28 @@ def write_private(target, data):
 
 def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=False,
          output_dir=None, state_dir=None, out=None):
-    """``obfsproxy.py unmask|detect [options] <capture>...``: 0 on success,
-    1 when the capture cannot be read (or, for unmask, nothing could be
-    unmasked). ``state_dir``: an obfs4 bridge's state directory (unmask)."""
+    """``obfsproxy.py unmask|detect [options] <capture>...``; returns the exit status.
+
+    No transport is given, and none is needed: every stream is tried against
+    each, and says what it is (obfs2 by its magic; obfs3, obfs4, TLS, HTTP ...
+    by what the attack finds there). ``secret`` and ``iterations``: obfs2's
+    shared secret (str, "" or None: none) and hash rounds, tried beside the
+    public key schedule. ``state_dir``: an obfs4 bridge's state directory
+    (unmask). ``full``, ``output_dir``: unmask's output. ``out``: where the
+    report goes (stdout); errors go to stderr, one line.
+
+    Exit status:
+      0  the capture was read, and every stream in it was either unmasked or
+         explained: another protocol, keys that never crossed the wire
+         (obfs3, obfs4, TLS), a shared secret that is needed, a missing
+         direction, too few bytes. An explanation is a result, not a failure.
+      1  the capture cannot be read: a missing, empty, truncated or corrupt
+         file, one that is not a capture, a bad --state-dir; or (unmask) it
+         holds no TCP connection with data, so there was nothing to read.
+    (2, a bad command line, is obfsproxy.py's.)
+    """
     out = out or sys.stdout
-    secret_hash = hashlib.sha256(secret.encode()).digest() if secret else None  # "" is none, as in obfs2.py
+    secret_hash = obfs2.secret_hash(secret)
     obfs2.read_header(bytes(obfs2.HEADER_LENGTH), True)   # warm up: time the checks, not the imports
     try:
         bridge = Bridge(state_dir) if state_dir and command == "unmask" else None
@@ -1164,15 +674,20 @@ def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=Fal
             return run_detect(conversations, secret_hash, iterations, out)
         if output_dir:
             Path(output_dir).mkdir(parents=True, exist_ok=True)
+        if not conversations:
+            print("no TCP connection with data in the capture: nothing to unmask", file=out)
+            return 1
         unmasked = 0
         for number, conv in enumerate(conversations, 1):
             if number > 1:
                 print(file=out)
             unmasked += unmask_one(conv, secret_hash, iterations, full,
                                    output_dir, number, out, bridge)
-        if not conversations:
-            print("no TCP connection with data in the capture", file=out)
-        return 0 if unmasked else 1
+        print(file=out)
+        print("%d of %d connection(s) unmasked%s." % (
+            unmasked, len(conversations), "" if unmasked == len(conversations)
+            else "; each of the others says above why it cannot be"), file=out)
+        return 0
     except CaptureError as exc:
         print("obfsproxy.py %s: %s" % (command, exc), file=sys.stderr)
         return 1

@@ -49,6 +49,7 @@ import obfs2
 import obfs3
 import obfs4
 import outbound
+import present
 import proxy
 import transports
 from obfs4_crypto import HashDrbg, SecretBox, elligator2_direct, x25519
@@ -210,11 +211,11 @@ class Walk:
         return ok
 
     def dump(self, data, kind="wire", limit=48):
-        for line in capture.hexdump(data, limit):
+        for line in present.hexdump(data, limit):
             print(self.style(kind, line))
 
     def field(self, offset, length, name, wire, meaning):
-        print(capture.field_row(offset, length, name, wire, meaning, self.style))
+        print(present.field_row(offset, length, name, wire, meaning, self.style))
 
 
 def hexblock(data, indent="      ", width=32):
@@ -233,7 +234,7 @@ def main(name, options, settings, record_dir=None):
     shown checked out. A transport without a walk of its own (``WALKS``) gets the
     generic one: every piece each side put on the wire, and the checks that hold
     for any transport."""
-    style = capture.Style.for_stream(sys.stdout)
+    style = present.Style.for_stream(sys.stdout)
     try:
         exchange = run_exchange(name, options, settings)
     except (RuntimeError, OSError, ValueError) as exc:
@@ -288,7 +289,7 @@ def filters(walk):
                                       walk.style("bad", "offset %d: MATCH" % seen) if seen >= 0
                                       else walk.style("ok", "not found")))
     print("  byte entropy: message %.1f bits/byte, wire %.1f bits/byte (random bytes: 8)"
-          % (capture.entropy(MESSAGE), capture.entropy(wire)))
+          % (present.entropy(MESSAGE), present.entropy(wire)))
     first_piece = walk.exchange.client.pieces[0] if walk.exchange.client.pieces else b""
     first = capture.FirstPacket(first_piece)
     print("  The fully-encrypted test (the Great Firewall since November 2021, as %s" % capture.WU_2023)
@@ -366,7 +367,7 @@ def walk_obfs2(walk):
     client, server, c_sent, s_sent = walk.client, walk.server, walk.c_sent, walk.s_sent
     secret_hash, iterations = client.secret_hash, client.iterations
     started = time.perf_counter()
-    rows = capture.key_schedule(client.seed, server.seed, secret_hash, iterations)
+    rows = present.key_schedule(client.seed, server.seed, secret_hash, iterations)
     derive_seconds = time.perf_counter() - started
     init_pad, resp_pad, init_secret, resp_secret = (row[3] for row in rows)
 
@@ -378,7 +379,7 @@ def walk_obfs2(walk):
             ("client -> server: the initiator's message", client, c_sent, init_pad, True),
             ("server -> client: the responder's message", server, s_sent, resp_pad, False)):
         print("  %s, 24 + PADLEN = %d bytes" % (label, obfs2.HEADER_LENGTH + obj.padlen))
-        for line in capture.header_lines(sent, initiator, pad, walk.style):
+        for line in present.header_lines(sent, initiator, pad, walk.style):
             print(line)
     print("  The receiver takes the seed, derives the sender's PAD key, checks MAGIC, drops PADLEN bytes;")
     print("  the server read PADLEN %d (Obfs2.peer_padlen), the client read %d."
@@ -400,11 +401,11 @@ def walk_obfs2(walk):
               % iterations)
         print("  Each value m is the last SHA-256 output: AES-128 key = m[0:16],")
     print("  IV = m[16:32], the whole 128-bit CTR counter block.")
-    for line in capture.key_schedule_lines(rows, secret_hash, walk.style):
+    for line in present.key_schedule_lines(rows, secret_hash, walk.style):
         print(line)
     per_side = 4 * (1 if secret_hash is None else iterations)
     print("  Each side computes all four (its own PAD key, the peer's, both data keys): "
-          "%d SHA-256,\n  %s here." % (per_side, capture.duration(derive_seconds)))
+          "%d SHA-256,\n  %s here." % (per_side, present.duration(derive_seconds)))
     if secret_hash is not None:
         print("  Without the secret that would be 4 SHA-256: the secret multiplies the cost by %d,\n"
               "  for both ends and for a censor who knows it." % iterations)
@@ -484,7 +485,7 @@ def walk_obfs3(walk):
         print("    %s = %s" % (walk.style("field", "%-11s" % label), walk.style("wire", m.hex())))
         print("                  %s" % use)
     print("  Each side does two modexps, one for its key pair and one for the shared secret (%s here);"
-          % capture.duration(seconds))
+          % present.duration(seconds))
     print("  obfs2 needed 4 SHA-256. In exchange, an observer faces the Diffie-Hellman problem.")
 
     walk.title("The padding, and the search for the magic")
@@ -494,14 +495,14 @@ def walk_obfs3(walk):
             ("client", client, server, c_sent, c_pos, "INIT_MAGIC"),
             ("server", server, client, s_sent, s_pos, "RESP_MAGIC")):
         print("  The %s's stream:" % label)
-        walk.field(0, 192, "public value", capture.hexline(sent[:192], 8), "sent by start()")
-        walk.field(192, who.padlen1, "PAD1", capture.hexline(sent[192:192 + who.padlen1], 8),
+        walk.field(0, 192, "public value", present.hexline(sent[:192], 8), "sent by start()")
+        walk.field(192, who.padlen1, "PAD1", present.hexline(sent[192:192 + who.padlen1], 8),
                    "random, sent by start() with the public value")
-        walk.field(192 + who.padlen1, who.padlen2, "PAD2", capture.hexline(sent[192 + who.padlen1:pos], 8),
+        walk.field(192 + who.padlen1, who.padlen2, "PAD2", present.hexline(sent[192 + who.padlen1:pos], 8),
                    "random, sent with the first data")
-        walk.field(pos, 32, magic, capture.hexline(sent[pos:pos + 32], 8), "clear, found by the %s"
+        walk.field(pos, 32, magic, present.hexline(sent[pos:pos + 32], 8), "clear, found by the %s"
                    % ("server" if who is client else "client"))
-        walk.field(pos + 32, len(sent) - pos - 32, "data", capture.hexline(sent[pos + 32:], 8),
+        walk.field(pos + 32, len(sent) - pos - 32, "data", present.hexline(sent[pos + 32:], 8),
                    "E(%s_SECRET, ...)" % magic[:4])
         walk.check(pos == 192 + who.padlen1 + who.padlen2 == 192 + peer.peer_padding,
                    "the %s's magic is not where its paddings end" % label)
@@ -547,9 +548,9 @@ def walk_obfs4(walk):
                "the client's first write is not X' | P_C | M_C | MAC_C")
     e = e or b"?"
     walk.field("offset", "length", "field", "on the wire", "meaning")
-    walk.field(0, 32, "X'", capture.hexline(c_sent[:32], 8),
+    walk.field(0, 32, "X'", present.hexline(c_sent[:32], 8),
                "Elligator2 representative of the client's X25519 key X")
-    walk.field(32, pos - 32, "P_C", capture.hexline(c_sent[32:pos], 8), "random padding, 77..8128 bytes")
+    walk.field(32, pos - 32, "P_C", present.hexline(c_sent[32:pos], 8), "random padding, 77..8128 bytes")
     walk.field(pos, 16, "M_C", m_c.hex(), "H16(KEY, X'): where the server finds the end")
     walk.field(pos + 16, 16, "MAC_C", c_sent[pos + 16:pos + 32].hex(),
                'H16(KEY, X\' | P_C | M_C | E), E = "%s", the hour' % e.decode())
@@ -566,13 +567,13 @@ def walk_obfs4(walk):
     walk.check(spos > 0 and obfs4.h16(key, s_sent[:spos + 16] + e) == s_sent[spos + 16:spos + 32],
                "MAC_S does not check out")
     walk.field("offset", "length", "field", "on the wire", "meaning")
-    walk.field(0, 32, "Y'", capture.hexline(s_sent[:32], 8), "the server's representative")
-    walk.field(32, 32, "AUTH", capture.hexline(s_sent[32:64], 8), "proves the server holds b (below)")
-    walk.field(64, spos - 64, "P_S", capture.hexline(s_sent[64:spos], 8), "random padding, 0..8051 bytes")
+    walk.field(0, 32, "Y'", present.hexline(s_sent[:32], 8), "the server's representative")
+    walk.field(32, 32, "AUTH", present.hexline(s_sent[32:64], 8), "proves the server holds b (below)")
+    walk.field(64, spos - 64, "P_S", present.hexline(s_sent[64:spos], 8), "random padding, 0..8051 bytes")
     walk.field(spos, 16, "M_S", m_s.hex(), "H16(KEY, Y')")
     walk.field(spos + 16, 16, "MAC_S", s_sent[spos + 16:spos + 32].hex(),
                "H16(KEY, Y' | AUTH | P_S | M_S | E), the client's E")
-    walk.field(spos + 32, 45, "seed frame", capture.hexline(s_sent[spos + 32:spos + 77], 8),
+    walk.field(spos + 32, 45, "seed frame", present.hexline(s_sent[spos + 32:spos + 77], 8),
                "a frame carrying the bridge's drbg-seed (below)")
 
     y_u = elligator2_direct(s_sent[:32])
@@ -684,7 +685,7 @@ def iat_section(walk):
         print("  iat-mode 0: one write per send(), the data frames and their padding frames together;")
         print("  the timing is the application's. --iat-mode=1 or 2 changes that (try it).")
     else:
-        print("  and waited after each: %s" % ", ".join(capture.duration(d) for d in client.delays))
+        print("  and waited after each: %s" % ", ".join(present.duration(d) for d in client.delays))
         print("  iat-mode %d: %s," % (mode, "the padded burst cut into pieces of at most 1448 bytes"
                                       if mode == obfs4.IAT_ENABLED else
                                       "every piece exactly one lenDist sample long, padding included"))

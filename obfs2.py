@@ -123,6 +123,15 @@ def mac(label, x, secret_hash=None, iterations=HASH_ITERATIONS):
     return _iterated_sha256(label + x + secret_hash + label, iterations)
 
 
+def secret_hash(secret):
+    """H(SECRET) = SHA-256(secret), the value every MAC with a shared secret
+    takes; None when there is no secret. ``secret``: str (UTF-8) or bytes. An
+    empty secret is no secret, as in Python obfsproxy (erratum 3)."""
+    if not secret:
+        return None
+    return hashlib.sha256(secret.encode() if isinstance(secret, str) else secret).digest()
+
+
 def pad_key(seed, initiator, secret_hash=None, iterations=HASH_ITERATIONS):
     """INIT_PAD = MAC("Initiator obfuscation padding", INIT_SEED)
     RESP_PAD = MAC("Responder obfuscation padding", RESP_SEED)   (erratum 1)
@@ -299,13 +308,7 @@ class Obfs2:
                  padlen=None, **config_fields):
         config = config or Config(**config_fields)
         self.initiator = initiator
-        shared_secret = config.shared_secret
-        if not shared_secret:
-            self.secret_hash = None
-        else:
-            if isinstance(shared_secret, str):
-                shared_secret = shared_secret.encode()
-            self.secret_hash = hashlib.sha256(shared_secret).digest()
+        self.secret_hash = secret_hash(config.shared_secret)
         self.iterations = config.hash_iterations
         self.expensive = self.secret_hash is not None
         self._answer_later = self.expensive and not initiator

@@ -519,8 +519,8 @@ def test_http_proxy_status_that_is_not_http_is_a_socks_failure():
             with pytest.raises(SocksReplyError) as failure:
                 socks5_connect(client.address, destination.address)
             assert failure.value.code == 0x01
-            client.log.wait_for(r"\[NOTICE\] conn 1 .*cannot reach the obfs2 bridge \[scrubbed\] via the outgoing "
-                                r"proxy: the proxy does not speak HTTP")
+            client.log.wait_for(r"\[NOTICE\] conn 1 .*cannot reach the obfs2 bridge \[scrubbed\] "
+                                r"via the outgoing proxy: the proxy does not speak HTTP")
             client.stop()
         assert not [line for line in client.log.lines if "internal error" in line or "Traceback" in line]
         assert destination.accepted == 0
