@@ -40,7 +40,6 @@ with status 1.
 import functools
 import hashlib
 import hmac
-import json
 import os
 import re
 import struct
@@ -358,22 +357,20 @@ def explain_obfs4(conv):
 
 class Bridge:
     """An obfs4 bridge's identity, read (never written) from its state directory's
-    obfs4_state.json, as obfs4proxy and ``obfs4.load_or_create_state`` keep it."""
+    obfs4_state.json by the server's own loader (``obfs4.read_identity``), so that
+    unmask accepts exactly the state files a bridge accepts."""
 
     def __init__(self, state_dir):
         path = Path(state_dir) / obfs4.STATE_FILE
         try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-            self.identity = obfs4.Identity(bytes.fromhex(state["node-id"]),
-                                           bytes.fromhex(state["private-key"]),
-                                           bytes.fromhex(state["drbg-seed"]), state.get("iat-mode", 0))
+            self.identity = obfs4.read_identity(state_dir)
         except FileNotFoundError:
             raise CaptureError("%s: no %s: --state-dir must be an obfs4 bridge's state directory"
                                % (state_dir, obfs4.STATE_FILE))
         except OSError as exc:
             raise CaptureError("%s: %s" % (path, exc.strerror or exc))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CaptureError("%s: not an obfs4 state file (%s)" % (path, exc))
+        except ValueError as exc:
+            raise CaptureError("not an obfs4 state file: %s" % exc)
         self.path = path
         self.key = self.identity.public_key + self.identity.node_id      # KEY = B | NODEID
 

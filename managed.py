@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 
 import listener
 import outbound
+import pool
 import proxy
 import socks
 import transports
@@ -245,6 +246,10 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
         base = dataclasses.replace(base, sources=outbound_sources(env))
         clients = client_env(env, base)
         servers = server_env(env)
+        try:
+            pool_size = pool.configured_size(env)
+        except ValueError as exc:
+            raise EnvError(str(exc))
         if clients is None and servers is None:
             raise EnvError("neither TOR_PT_CLIENT_TRANSPORTS nor TOR_PT_SERVER_TRANSPORTS is set")
     except ProxyURIError as exc:
@@ -255,7 +260,7 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
         return 1
     log.log(NOTICE, "obfsproxy.py in managed mode (pt-spec %s), state in %s", version, state_dir)
     listener.prepare_for_serving(max_connections)
-    proxy.log_routes()
+    proxy.log_routes(sorted(set((clients or [[]])[0]) | set((servers or [[]])[0])))
     if base.wrappers:
         log.warning("--record-dir: saving the raw wire bytes of every connection "
                     "(for teaching and debugging only)")
@@ -267,7 +272,7 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
             log.log(NOTICE, "our parent process (Tor) is gone; exiting")
             server.stop()
 
-    server = listener.Listener(max_connections, tick=tick)
+    server = listener.Listener(max_connections, tick=tick, pool_size=pool_size)
     # Handlers first: Tor may signal as soon as it has read our last line.
     listener.install_signal_handlers(server)
     if env.get("TOR_PT_EXIT_ON_STDIN_CLOSE") == "1":

@@ -386,6 +386,11 @@ class Obfs3:
     }
 
     @classmethod
+    def crypto_routes(cls):
+        """({"obfs3 modexp": route}, [it, if pow() runs it: slower, not constant time])."""
+        return {"obfs3 modexp": MODEXP_ROUTE}, (["obfs3 modexp"] if modexp is modexp_python else [])
+
+    @classmethod
     def client_config(cls, options):
         """obfs3 has no parameters. Arguments are refused, not ignored as obfs4proxy
         does: a bridge line with obfs4's cert= and iat-mode= on an obfs3 bridge is a

@@ -129,6 +129,7 @@ import threading
 import time
 from pathlib import Path
 
+import obfs4_crypto
 from obfs4_crypto import (
     HashDrbg,
     SecretBox,
@@ -531,7 +532,8 @@ def parse_client_args(options):
     if "cert" in options:
         node_id, public_key = parse_cert(options["cert"])
     elif "node-id" not in options and "public-key" not in options:
-        raise ValueError("no cert= given (the bridge line's cert=...; for SOCKS, pass it as the username)")
+        raise absent_argument("cert", "no cert= given (the bridge line's cert=...; for SOCKS, pass it as "
+                      "the username)")
     else:
         for given, missing in (("node-id", "public-key"), ("public-key", "node-id")):
             if missing not in options:
@@ -539,8 +541,16 @@ def parse_client_args(options):
         node_id = _from_hex(options["node-id"], NODE_ID_LENGTH, "node-id")
         public_key = _from_hex(options["public-key"], KEY_LENGTH, "public-key")
     if "iat-mode" not in options:
-        raise ValueError("no iat-mode= given (add iat-mode=0, as in the bridge line)")
+        raise absent_argument("iat-mode", "no iat-mode= given (add iat-mode=0, as in the bridge line)")
     return node_id, public_key, parse_iat_mode(options["iat-mode"])
+
+
+def absent_argument(name, text):
+    """The ValueError for an absent argument, naming it in ``.missing``: a SOCKS
+    client may still start without it, since each connection can bring it."""
+    error = ValueError(text)
+    error.missing = name
+    return error
 
 
 # --- The replay filter (§4) ----------------------------------------------------------
@@ -874,6 +884,12 @@ class Obfs4:
         (False, "timeout"): "(a prober, or a client with a wrong cert)",
         (False, "closed"): "(a prober, or a client with a wrong cert)",
     }
+
+    @classmethod
+    def crypto_routes(cls):
+        """{piece: route} as obfs4_crypto chose them at import (PyNaCl, pycryptodome
+        or pure Python), and the pieces that run in pure Python where a C route exists."""
+        return obfs4_crypto.routes(), obfs4_crypto.pure_python_routes()
 
     @classmethod
     def client_config(cls, options):

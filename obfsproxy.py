@@ -101,6 +101,7 @@ except ImportError as _missing:
 
 import listener
 import outbound
+import pool
 import proxy
 import socks
 import transports
@@ -351,14 +352,18 @@ def run_external(args, mode):
             if dest is not None or not getattr(exc, "missing", None):
                 raise UsageError("%s client: %s" % (name, exc))
         handler = proxy.handle_fixed_client if dest else proxy.handle_socks_client
+    try:
+        pool_size = pool.configured_size()
+    except ValueError as exc:
+        raise UsageError(str(exc))
     setup_logging(args)
     listener.prepare_for_serving(max_connections)
-    proxy.log_routes()
+    proxy.log_routes([name])
     if args["--record-dir"]:
         log.warning("--record-dir: saving the raw wire bytes of every connection in %s. "
                     "This stores traffic (obfs2 can be decrypted from it with `obfsproxy.py "
                     "unmask`): for teaching and debugging only.", args["--record-dir"])
-    server = listener.Listener(max_connections)
+    server = listener.Listener(max_connections, pool_size=pool_size)
     try:
         bound = server.listen(where, handler, settings)
     except OSError as exc:

@@ -13,7 +13,10 @@ What a ``Pool`` promises::
     bounded     at most ``size`` items wait; memory is tiny (a keypair each)
     single use  ``take()`` hands each item out exactly once, then forgets it;
                 items are never logged, written or copied anywhere
-    never late  an empty pool makes the item on the spot, as if there were none
+    never late  an empty pool gives None: the connection then does its own key
+                work, inside the proxy's key-work slot, as if there were no pool
+                (made here, on the connection's thread, it would run outside
+                that slot: a connect flood would run every keygen at once)
     idle only   one daemon thread refills it, one item at a time, and starts
                 an item only when ``idle()`` says the proxy has been quiet (no
                 handshake for a few ms); while it is busy the thread looks again
@@ -24,10 +27,11 @@ What a ``Pool`` promises::
 
     take() --item--> connection          refiller: wait until below size
       |                                             and idle() -> make() -> stock
-      +-- stock empty: make() now
+      +-- stock empty: None (the transport makes its own, in the key-work slot)
 
-The proxy (proxy.py) owns the pools and tells them when it is idle; the
-transports (transports.py) say what an item is and how a connection uses one.
+The listener (proxy.Pools, listener.py) owns the pools and tells them when it is
+idle; each transport says what an item is (its ``prepare`` classmethod) and
+takes one as ``prepared=`` (transports.py).
 ``OBFSPROXY_POOL_SIZE`` (default ``DEFAULT_SIZE``, at most ``MAX_SIZE``) sets the
 size; 0 turns the pools off, which is how the benchmark measures what they buy.
 """
@@ -77,7 +81,7 @@ class Pool:
         return len(self._stock)
 
     def take(self):
-        """One item, never handed out before: from the stock, else made now."""
+        """One item, never handed out before, from the stock; None when it is empty."""
         with self._changed:
             was_full = len(self._stock) >= self.size
             item = self._stock.popleft() if self._stock else None
@@ -88,7 +92,7 @@ class Pool:
             self._start_refill()
             if was_full:                    # the refiller waits for room: there is some now
                 self._changed.notify()      # (otherwise it is busy or backing off: let it be)
-        return self._make() if item is None else item
+        return item
 
     def close(self):
         """Stop refilling and drop the stock (the items are never used)."""

@@ -478,14 +478,14 @@ def setup_logging(path=None, severity="notice"):
     root.setLevel(SEVERITIES[severity])
 
 
-def log_routes():
-    """Say at startup which crypto route each piece runs on (the accelerated
-    library, pycryptodome, or pure Python), and warn once when a piece runs in
-    pure Python: slower, and not constant-time."""
-    routes = transports.crypto_routes()
+def log_routes(names):
+    """Say at startup which crypto route each piece of the transports ``names``
+    runs on (the accelerator, pycryptodome, or pure Python), and warn once when a
+    piece runs in pure Python although a C route exists: slower, and not
+    constant-time."""
+    routes, slow = transports.crypto_routes(names)
     if routes:
-        log.info("crypto routes: %s", "; ".join("%s: %s" % item for item in routes.items()))
-    pure = [piece for piece, route in routes.items() if route.startswith("pure Python")]
-    if pure:
+        log.log(NOTICE, "crypto routes: %s", "; ".join("%s: %s" % item for item in routes.items()))
+    if slow:
         log.warning("%s run in pure Python here (slower, and not constant-time): install a "
-                    "recent pycryptodome (and PyNaCl) to use the fast routes", ", ".join(pure))
+                    "recent pycryptodome, or PyNaCl, to use the C routes", ", ".join(slow))

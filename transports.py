@@ -58,6 +58,10 @@ The contract (duck-typed; ``Dummy`` below is the smallest example)::
             # handshake material made ahead of time (pool.py; default: none): make()
             # returns one single-use item for __init__'s prepared=; sides whose keys
             # are equal share a pool
+        @classmethod
+        def crypto_routes(cls) -> ({piece: route}, [pieces in pure Python])
+            # what the startup log and the route report say (obfs4: PyNaCl, pycryptodome
+            # or pure Python, chosen at import by known answers)
         secret_options = ()               # option names whose values never reach a log
         uses_state_dir = False            # server_config keeps state in state_dir
         config.notes: tuple of str        # said once at NOTICE by the core (what utls= becomes)
@@ -118,6 +122,7 @@ from pathlib import Path
 import obfs2
 import obfs3
 import obfs4
+import webtunnel
 
 
 class Dummy:
@@ -172,6 +177,7 @@ def _no_options(name, options):
 
 
 TRANSPORTS = {
+    "webtunnel": webtunnel.WebTunnel,
     "obfs4": obfs4.Obfs4,
     "obfs3": obfs3.Obfs3,
     "obfs2": obfs2.Obfs2,
@@ -313,12 +319,15 @@ class RecordDir:
                         _appender(self.directory / (prefix + theirs)))
 
 
-def crypto_routes():
-    """{piece: route} for every registered transport that reports the crypto
-    routes it chose at import (its optional ``crypto_routes()`` classmethod)."""
-    routes = {}
-    for cls in TRANSPORTS.values():
+def crypto_routes(names=None):
+    """({piece: route}, [pieces running in pure Python where a C route exists]) of
+    the transports ``names`` (default: all) that report the crypto routes they
+    chose at import (the optional ``crypto_routes()`` classmethod)."""
+    routes, slow = {}, []
+    for cls in (TRANSPORTS[name] for name in (TRANSPORTS if names is None else names)):
         report = getattr(cls, "crypto_routes", None)
         if report is not None:
-            routes.update(report())
-    return routes
+            chosen, pure = report()
+            routes.update(chosen)
+            slow.extend(piece for piece in pure if piece not in slow)
+    return routes, slow

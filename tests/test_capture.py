@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import inspect
 import io
+import json
 import os
 import random
 import re
@@ -424,7 +425,6 @@ def obfs4_tunnel(tmp_path, dest, *extra):
 
 def bridge_key(state_dir):
     """(KEY = B | NODEID, b) from an obfs4 state file, with X25519 from obfs4_crypto."""
-    import json
     state = json.loads((Path(state_dir) / "obfs4_state.json").read_text())
     b = bytes.fromhex(state["private-key"])
     return x25519(b, (9).to_bytes(32, "little")) + bytes.fromhex(state["node-id"]), b
@@ -513,6 +513,30 @@ def test_state_dir_must_hold_an_obfs4_state(tmp_path, capsys):
         (tmp_path / "obfs4_state.json").write_text(broken)
         assert "not an obfs4 state file" in capture_error(capsys, "unmask", rec, state_dir=tmp_path)
     assert not (tmp_path / "obfs4_bridgeline.txt").exists()   # unmask reads a bridge's state, never writes
+
+
+@pytest.mark.parametrize("edit,accepted", [
+    (lambda state: dict(state, **{"iat-mode": None}), True),                  # null: iat-mode 0
+    (lambda state: {key.upper(): value for key, value in state.items()}, True),  # names in any case
+    (lambda state: dict(state, **{"node-id": " " + state["node-id"] + " "}), False),  # hex and spaces
+])
+def test_unmask_reads_a_state_file_exactly_as_the_server_does(tmp_path, capsys, edit, accepted):
+    """One loader for both: a state file the bridge starts with is one unmask reads,
+    and one it refuses, unmask refuses too (they used to disagree on all three)."""
+    import obfs4
+    config, _ = obfs4.Obfs4.server_config({}, tmp_path)
+    path = tmp_path / "obfs4_state.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    try:
+        obfs4.Obfs4.server_config({}, tmp_path)
+        server_took_it = True
+    except ValueError:
+        server_took_it = False
+    rec = tmp_path / "x.initiator.bin"
+    rec.write_bytes(os.urandom(500))
+    status, _ = run_capture("unmask", rec, state_dir=tmp_path)
+    unmask_took_it = "not an obfs4 state file" not in capsys.readouterr().err
+    assert server_took_it == unmask_took_it == accepted
 
 
 @pytest.mark.interop

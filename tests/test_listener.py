@@ -418,3 +418,33 @@ def test_log_lines_count_application_bytes_the_same_way_on_both_ends(tmp_path):
             pattern = r"conn 1 .*closed after (\d+) bytes client->server, (\d+) bytes server->client"
             said = [tuple(map(int, node.log.wait_for(pattern).groups())) for node in (client, server)]
     assert said == [(89, 214), (89, 214)], said
+
+
+@pytest.mark.slow
+def test_sigterm_is_answered_while_thousands_of_tunnels_close():
+    """3,000 idle tunnels through a real client and server, all closed at once, then
+    SIGTERM to both: they exit within seconds (they used to spend half a minute
+    waking 3,000 threads, deaf to SIGTERM meanwhile)."""
+    import resource
+    import signal
+    count = 3000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 3 * count + 200:
+        pytest.skip("needs %d descriptors (ulimit -Hn is %d)" % (3 * count + 200, hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * count + 200)), hard))
+    limit = "--max-connections=%d" % (count + 50)
+    with EchoServer(backlog=1024) as echo, \
+            Program("server", "--transport=dummy", "--dest=" + fmt(echo.address), limit,
+                  "127.0.0.1:0") as server, \
+            Program("client", "--transport=dummy", limit, "127.0.0.1:0") as client:
+        socks = [socks5_connect(client.address, server.address) for _ in range(count)]
+        for sock in socks:
+            sock.close()
+        began = time.monotonic()
+        for each in (client, server):
+            each.process.send_signal(signal.SIGTERM)
+        for each in (client, server):
+            each.process.wait(30)
+        took = time.monotonic() - began
+        print("\nSIGTERM during the close of %d tunnels: both exited in %.2f s" % (count, took))
+        assert took < 5, "exit took %.1f s" % took
