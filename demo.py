@@ -73,6 +73,7 @@ class Wire:
         self.transport = transport
         self.pieces, self.delays = [], []
         self.received = bytearray()
+        self.secret = None        # obfs4: the ephemeral private key, kept by the demo only
 
     def sent_piece(self, data):
         if data:
@@ -106,7 +107,24 @@ class Tap:
     def __call__(self, transport):
         wire = Wire(transport)
         self.taps.append(wire)
+        inner = transports.innermost(transport)    # under --record-dir's recorder, if any
+        if isinstance(inner, obfs4.Obfs4):
+            keep_secret(inner.config, wire)
         return _Recorder(transport, wire)
+
+
+def keep_secret(config, wire):
+    """obfs4 erases its ephemeral private key once ntor is done (forward secrecy),
+    so the demo keeps a copy as the key is made: through the config's injectable
+    key source (``config.keypairs``, which runs only without a pool: the demo's
+    listener has none). A real tunnel keeps no such copy anywhere."""
+    make = config.keypairs or (lambda: obfs4.generate_keypair(config.randbytes))
+
+    def keypairs():
+        keypair = make()
+        wire.secret = keypair[0]
+        return keypair
+    config.keypairs = keypairs
 
 
 innermost = transports.innermost
@@ -163,7 +181,7 @@ def run_exchange(name, options, settings):
                                           dest=echo_address, wrappers=settings.wrappers + (server_tap,))
     client_settings = dataclasses.replace(settings, transport=name, options=client_options,
                                           wrappers=settings.wrappers + (client_tap,))
-    tunnels = listener.Listener()
+    tunnels = listener.Listener(pool_size=0)     # every key made on the spot, and seen (keep_secret)
     server_address = tunnels.listen(("127.0.0.1", 0), proxy.handle_server, server_settings)
     client_address = tunnels.listen(("127.0.0.1", 0), proxy.handle_socks_client, client_settings)
     threading.Thread(target=tunnels.serve, daemon=True).start()
@@ -223,10 +241,13 @@ def hexblock(data, indent="      ", width=32):
     return "\n".join(indent + data[i:i + width].hex() for i in range(0, len(data), width))
 
 
-def ephemeral_secret(transport):
-    """The private key a transport object keeps in memory and never sends (obfs3: the
-    exponent x or y; obfs4: the X25519 scalar). Only a demo, holding both ends, has it."""
-    return transport._x if isinstance(transport, obfs3.Obfs3) else transport._priv
+def ephemeral_secret(wire):
+    """The private key a side made and never sent (obfs3: the exponent x or y, still
+    in its transport object; obfs4: the X25519 scalar, which the transport erased
+    after the handshake and the demo's tap copied). Only a demo, holding both ends,
+    has it."""
+    transport = innermost(wire.transport)
+    return transport._x if isinstance(transport, obfs3.Obfs3) else wire.secret
 
 
 def main(name, options, settings, record_dir=None):
@@ -458,7 +479,7 @@ def walk_obfs3(walk):
     print("  that in one exponentiation, while random numbers are squares only half the time.")
     print("  UniformDH sends p - g^x instead on a coin flip (the low bit of x), and p - g^x is never")
     squares = []
-    for who, value in ((client, X), (server, Y)):
+    for who, value in ((walk.exchange.client, X), (walk.exchange.server, Y)):
         square = legendre(int.from_bytes(value, "big")) == 1
         plain = obfs3.modexp(obfs3.G, ephemeral_secret(who), obfs3.P).to_bytes(192, "big") == value
         walk.check(square == plain, "a public value's Legendre symbol does not match its coin")
@@ -468,12 +489,12 @@ def walk_obfs3(walk):
 
     walk.title("The shared secret and the keys (obfs3.shared_secret, obfs3.derive_keys)")
     started = time.perf_counter()
-    from_client = obfs3.shared_secret(ephemeral_secret(client), Y)
+    from_client = obfs3.shared_secret(ephemeral_secret(walk.exchange.client), Y)
     seconds = time.perf_counter() - started
-    from_server = obfs3.shared_secret(ephemeral_secret(server), X)
+    from_server = obfs3.shared_secret(ephemeral_secret(walk.exchange.server), X)
     keys = obfs3.derive_keys(from_client)
     print("  x and y, the private exponents, stayed in the two processes (x = %s..., 1536 bits)."
-          % ephemeral_secret(client).to_bytes(192, "big")[:8].hex())
+          % ephemeral_secret(walk.exchange.client).to_bytes(192, "big")[:8].hex())
     print("  SHARED_SECRET = Y^x mod p (the client) = X^y mod p (the server), 192 bytes:")
     print(walk.style("wire", hexblock(from_client, "    ", 48)))
     walk.check(from_client == from_server, "the two ends computed different shared secrets")
@@ -605,7 +626,8 @@ def ntor_section(walk, x_u, y_u, auth_on_wire):
     """EXP1, EXP2, KEY_SEED and AUTH as both ends computed them; returns the OKM."""
     identity = walk.server.config.identity
     walk.title("ntor: both ends reach KEY_SEED; AUTH proves the server knows b")
-    x, y, b = ephemeral_secret(walk.client), ephemeral_secret(walk.server), identity.private_key
+    x, y, b = (ephemeral_secret(walk.exchange.client), ephemeral_secret(walk.exchange.server),
+               identity.private_key)
     c_exp1, c_exp2 = x25519(x, y_u), x25519(x, identity.public_key)
     s_exp1, s_exp2 = x25519(y, x_u), x25519(b, x_u)
     print("  client: EXP1 = X25519(x, Y) = %s" % c_exp1.hex())

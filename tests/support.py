@@ -101,10 +101,10 @@ class LineReader:
 class Program:
     """``obfsproxy.py <args>`` running, with its bound address read from its log."""
 
-    def __init__(self, *args, env=None, interpreter=None):
+    def __init__(self, *args, env=None, interpreter=None, script=PROGRAM):
         """``interpreter``: the command that runs the program, before its path
-        (default: this Python)."""
-        self.args = [*(interpreter or [sys.executable]), PROGRAM, *args]
+        (default: this Python); ``script``: the program (default: this checkout's)."""
+        self.args = [*(interpreter or [sys.executable]), script, *args]
         self.process = subprocess.Popen(
             self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))

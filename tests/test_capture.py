@@ -1017,9 +1017,6 @@ def test_capture_main_takes_no_transport():
     assert parameters[:4] == ["command", "paths", "secret", "iterations"]
 
 
-@pytest.mark.xfail(strict=True, reason="D12, the command line's half: obfsproxy.py must refuse a "
-                   "transport for unmask/detect (the change is in the capture branch's report); "
-                   "drop this mark with that change")
 def test_unmask_and_detect_refuse_a_transport_instead_of_ignoring_it(tmp_path):
     """D12: `unmask --transport=obfs4 DIR` and `detect --transport=obfs4 ...` were accepted
     and ignored: a user believes they chose something."""

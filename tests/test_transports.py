@@ -20,6 +20,7 @@ Nothing here knows a transport's wire format: the known answers are in each
 transport's own test module; these tests prove the seam.
 """
 
+import contextlib
 import itertools
 import os
 import stat
@@ -61,6 +62,25 @@ CASES = {
 }
 DEFAULT_CASES = [Case("default", {}, bridge_line_args)]   # a transport with no row yet
 
+
+def webtunnel_tls_options():
+    """A server that terminates TLS itself with the test CA's wt.test certificate
+    (tests/testca.py); its clients trust that CA through SSL_CERT_FILE."""
+    import tempfile
+
+    import testca
+    made = testca.make_ca(tempfile.mkdtemp(prefix="webtunnel-ca-"))
+    WEBTUNNEL_CA.append(made.ca_file)
+    return {"url": "https://wt.test/k7Qm2Zx1c1b00b6", "tls-cert": made.cert_file,
+            "tls-key": made.key_file}
+
+
+WEBTUNNEL_CA = []       # the CA file of the TLS case, once made
+
+
+CASES["webtunnel"] = [Case("plain", {"url": "http://wt.test/k7Qm2Zx1c1b00b6"}, bridge_line_args),
+                      Case("tls", webtunnel_tls_options, bridge_line_args)]
+
 NAMES = list(transports.TRANSPORTS)
 CASE_PARAMS = [pytest.param((name, case), id="%s-%s" % (name, case.label))
                for name in NAMES for case in CASES.get(name, DEFAULT_CASES)]
@@ -76,12 +96,16 @@ BAD_CLIENT_OPTIONS = {
     "obfs2": [{"ss-hash-iterations": "0"}, {"ss-hash-iterations": "lots"},
               {"ss-hash-iterations": str(10 ** 8)}, {"secret": "x"}],
     "dummy": [{"cert": SOME_CERT}],
+    "webtunnel": [{}, {"url": "ftp://wt.test/x"}, {"url": "https://wt.test/x", "cert": "AAAA"},
+                  {"url": "https://wt.test/x", "sni-imitation": "a.example"},
+                  {"url": "https://wt.test/x", "addr": "wt.test"}, {"url": "https://wt.test/x", "x": "1"}],
 }
 BAD_SERVER_OPTIONS = {
     "obfs4": [{"iat-mode": "3"}, {"iat-mode": "x"}, {"node-id": "00" * 20},
               {"node-id": "00" * 20, "private-key": "11" * 32, "drbg-seed": "zz" * 24}],
     "obfs2": BAD_CLIENT_OPTIONS["obfs2"],
     "dummy": [{"iat-mode": "0"}],
+    "webtunnel": [{}, {"url": "https://wt.test/x", "tls-cert": "/nonexistent"}, {"iat-mode": "0"}],
 }
 # Transports whose fast path declines the first chunk (obfs3: our magic has not
 # gone out, the peer's has not been found), so the False path is surely exercised.
@@ -97,12 +121,31 @@ class Setup:
     def __init__(self, name, case, state_dir):
         self.name, self.case = name, case
         self.cls = transports.TRANSPORTS[name]
-        self.server_config, self.announce = self.cls.server_config(dict(case.server_options),
-                                                                    state_dir)
-        self.client_config = self.cls.client_config(case.client_options(self.announce))
+        server_options = case.server_options() if callable(case.server_options) else case.server_options
+        self.server_config, self.announce = self.cls.server_config(dict(server_options), state_dir)
+        self.ca = WEBTUNNEL_CA[-1] if name == "webtunnel" and WEBTUNNEL_CA else None
+        with self.trust():
+            self.client_config = self.cls.client_config(case.client_options(self.announce))
+
+    def trust(self):
+        return temporary_environment({"SSL_CERT_FILE": self.ca} if self.ca else {})
 
     def pair(self, wrap=lambda transport: transport):
         return wrap(self.cls(True, self.client_config)), wrap(self.cls(False, self.server_config))
+
+
+@contextlib.contextmanager
+def temporary_environment(variables):
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture(scope="module", params=CASE_PARAMS)
@@ -404,7 +447,8 @@ def test_the_announced_args_are_all_a_client_needs(setup, request):
     reason = KNOWN_BUGS.get((setup.name, setup.case.label))
     if reason:
         request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-    client = setup.cls(True, setup.cls.client_config(dict(setup.announce)))
+    with setup.trust():      # webtunnel with TLS: the test CA stands in for the system roots
+        client = setup.cls(True, setup.cls.client_config(dict(setup.announce)))
     link = Link(client, setup.cls(False, setup.server_config))
     talk(link, whole, [b"ping"])
 
