@@ -113,8 +113,7 @@ def stop_cleanly(peer):
         peer.stop()
 
 
-BRIDGE_LINE = r"bridge line for clients: Bridge obfs4 <IP ADDRESS>:(\d+) <FINGERPRINT> " \
-              r"cert=(\S+) iat-mode=(\d)$"
+BRIDGE_LINE = r"bridge line for clients: Bridge obfs4 127\.0\.0\.1:(\d+) cert=(\S+) iat-mode=(\d)$"
 
 
 def our_server(transport, state_dir, dest, *extra):
