@@ -52,7 +52,7 @@ import capture
 import obfs2
 import pcap
 import tlswire
-from obfs4_crypto import elligator2_direct, x25519
+from curve25519 import elligator2_direct, x25519
 
 CLIENT_HELLO = (b"\x16\x03\x01\x00\xc8\x01\x00\x00\xc4\x03\x03" + bytes(range(32))
                 + b" a TLS ClientHello: what the censor was looking for")
