@@ -234,7 +234,10 @@ class Pools:
         return None if prepare is None else prepare(initiator, config)
 
     def prepare(self, cls, initiator, config):
-        recipe = self._recipe(cls, initiator, config) if config is not None else None
+        """A pool for what this side of ``cls`` prepares; ``config`` is None for a SOCKS
+        client whose arguments come with each connection (obfs4's keypairs do not
+        depend on them)."""
+        recipe = self._recipe(cls, initiator, config)
         if recipe is None or self.size <= 0:
             return
         key, make = recipe

@@ -57,7 +57,8 @@ The contract (duck-typed; ``Dummy`` below is the smallest example)::
         def prepare(cls, initiator, config) -> (key, make) or None
             # handshake material made ahead of time (pool.py; default: none): make()
             # returns one single-use item for __init__'s prepared=; sides whose keys
-            # are equal share a pool
+            # are equal share a pool. config is None for a SOCKS client listener, whose
+            # arguments come with each connection.
         @classmethod
         def crypto_routes(cls) -> ({piece: route}, [pieces in pure Python])
             # what the startup log and the route report say (obfs4: PyNaCl, pycryptodome
