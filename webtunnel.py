@@ -337,7 +337,11 @@ def client_config(options):
                          % (", ".join(unknown), ", ".join(CLIENT_OPTIONS)))
     url = options.get("url")
     if not url:
-        raise ValueError("webtunnel needs url= (the bridge line's url=https://HOST/PATH)")
+        # Named in .missing (as obfs4's absent cert=): a SOCKS client still starts
+        # without it, since each connection brings the bridge line's url=.
+        error = ValueError("webtunnel needs url= (the bridge line's url=https://HOST/PATH)")
+        error.missing = "url"
+        raise error
     scheme, parts, port = _parse_url(url)
     tls = scheme == "https"
     notes = []
