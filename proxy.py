@@ -121,10 +121,13 @@ class HopFailed(Exception):
 
 
 def why(exc):
-    """A short lower-case reason for an OSError or any exception."""
+    """A short lower-case reason for an OSError or any exception; a first word in
+    capitals is an acronym and keeps them ("TLS: ...", not "tLS: ...")."""
     if isinstance(exc, socket.timeout):
         return "timed out"
     text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    if text[1:2].isupper():
+        return text
     return text[:1].lower() + text[1:]
 
 
