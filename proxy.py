@@ -356,7 +356,10 @@ def open_tunnel(settings, config, target, deadline, tunnel, what):
     handshake succeeded, trying the transport's routes in turn (default: the
     target as given; webtunnel: the host of its url=, once per servername),
     each with a fresh transport and an equal share of the time left; or
-    HopFailed for the last route's failure."""
+    HopFailed for the last route's failure. A route that failed before the next
+    is tried is said at NOTICE, once per rate-limit interval (``tunnel.note``):
+    it is a failure the user can act on (a servername that no longer verifies,
+    or that a censor blocks), even when a later route saves the connection."""
     for note in getattr(config, "notes", ()):
         tunnel.note("%s: %s" % (settings.transport, note))
     cls = settings.transport_class
@@ -369,7 +372,7 @@ def open_tunnel(settings, config, target, deadline, tunnel, what):
         except HopFailed as exc:
             if left == 1:
                 raise
-            log.info("%s: %s; trying the next route", tunnel.name, exc)
+            tunnel.note("%s; trying the next route" % exc)
     raise ValueError("%s gave no route to dial" % settings.transport)
 
 
