@@ -148,7 +148,8 @@ def socks_code(exc):
 
 def hint(transport, kind):
     """The transport's words for what to check after a failure of ``kind``
-    ("protocol", "timeout" or "closed"), with a leading space, or ""."""
+    ("connect": the dial itself; "protocol", "timeout" or "closed": the
+    handshake), with a leading space, or ""."""
     words = getattr(transport, "failure_hint", lambda kind: "")(kind)
     return " " + words if words else ""
 
@@ -383,7 +384,8 @@ def _dial(settings, config, address, deadline, tunnel, what):
     try:
         server = open_connection(address, deadline, settings.outgoing_proxy, settings.sources)
     except OSError as exc:
-        raise HopFailed("connect", "cannot reach %s %s%s: %s" % (what, shown, via, why(exc)),
+        raise HopFailed("connect", "cannot reach %s %s%s: %s%s"
+                        % (what, shown, via, why(exc), hint(transport, "connect")),
                         code=socks_code(exc))
     try:
         to_application = transport_handshake(server, transport, deadline, tunnel.key_work)

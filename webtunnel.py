@@ -783,8 +783,15 @@ class WebTunnel:
             pass
 
     def failure_hint(self, kind):
-        """Words for a handshake that timed out or was closed, by where it stopped."""
-        if not self.initiator or kind not in ("timeout", "closed"):
+        """Words for a connection that could not be made ("connect": we dial url='s host,
+        which a user may take for the bridge line's address), or a handshake that timed
+        out or was closed, by where it stopped."""
+        if not self.initiator:
+            return ""
+        if kind == "connect":
+            return ("(webtunnel dials the host of url=, or addr=, never the bridge line's address): "
+                    "check the host and port of url= (or addr=)")
+        if kind not in ("timeout", "closed"):
             return ""
         where = "%s:%d" % self.config.address
         what = "answered nothing" if kind == "timeout" else "closed the connection"
