@@ -491,10 +491,13 @@ def _status_advice(code):
                 "(nginx: proxy_http_version 1.1 and both proxy_set_header lines)")
     if code == "404":
         return "check the path in url="
+    if code == "200":     # a front serves its cover page on every path it does not route to us
+        return ("the web server served a page, as it does on every path but the bridge's: "
+                "check the path in url=")
     if code in ("301", "302", "303", "307", "308"):
         return "the web server redirects: check the scheme and host in url="
-    if code in ("400", "421"):
-        return "check the host in url= and servername="
+    if code in ("400", "421"):      # nginx's 400: plain HTTP sent to its TLS port, among others
+        return "check the scheme (https) and host in url=, and servername="
     if code in ("502", "503", "504"):
         return "the web server cannot reach the webtunnel bridge behind it (is the bridge running?)"
     return "check url="
