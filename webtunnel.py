@@ -337,7 +337,11 @@ def client_config(options):
                          % (", ".join(unknown), ", ".join(CLIENT_OPTIONS)))
     url = options.get("url")
     if not url:
-        raise ValueError("webtunnel needs url= (the bridge line's url=https://HOST/PATH)")
+        # Named in .missing (as obfs4's absent cert=): a SOCKS client still starts
+        # without it, since each connection brings the bridge line's url=.
+        error = ValueError("webtunnel needs url= (the bridge line's url=https://HOST/PATH)")
+        error.missing = "url"
+        raise error
     scheme, parts, port = _parse_url(url)
     tls = scheme == "https"
     notes = []
@@ -487,10 +491,13 @@ def _status_advice(code):
                 "(nginx: proxy_http_version 1.1 and both proxy_set_header lines)")
     if code == "404":
         return "check the path in url="
+    if code == "200":     # a front serves its cover page on every path it does not route to us
+        return ("the web server served a page, as it does on every path but the bridge's: "
+                "check the path in url=")
     if code in ("301", "302", "303", "307", "308"):
         return "the web server redirects: check the scheme and host in url="
-    if code in ("400", "421"):
-        return "check the host in url= and servername="
+    if code in ("400", "421"):      # nginx's 400: plain HTTP sent to its TLS port, among others
+        return "check the scheme (https) and host in url=, and servername="
     if code in ("502", "503", "504"):
         return "the web server cannot reach the webtunnel bridge behind it (is the bridge running?)"
     return "check url="
@@ -779,8 +786,15 @@ class WebTunnel:
             pass
 
     def failure_hint(self, kind):
-        """Words for a handshake that timed out or was closed, by where it stopped."""
-        if not self.initiator or kind not in ("timeout", "closed"):
+        """Words for a connection that could not be made ("connect": we dial url='s host,
+        which a user may take for the bridge line's address), or a handshake that timed
+        out or was closed, by where it stopped."""
+        if not self.initiator:
+            return ""
+        if kind == "connect":
+            return ("(webtunnel dials the host of url=, or addr=, never the bridge line's address): "
+                    "check the host and port of url= (or addr=)")
+        if kind not in ("timeout", "closed"):
             return ""
         where = "%s:%d" % self.config.address
         what = "answered nothing" if kind == "timeout" else "closed the connection"
