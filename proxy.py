@@ -371,8 +371,9 @@ def open_tunnel(settings, config, target, deadline, tunnel, what):
     for left in range(len(routes), 0, -1):
         address, route_config = routes[-left]
         attempt = deadline if left == 1 else Deadline(deadline.remaining() / left)
+        label = "" if len(routes) == 1 else " (route %d of %d)" % (len(routes) - left + 1, len(routes))
         try:
-            return _dial(settings, route_config, address, attempt, tunnel, what)
+            return _dial(settings, route_config, address, attempt, tunnel, what, label)
         except HopFailed as exc:
             if left == 1:
                 raise
@@ -380,8 +381,11 @@ def open_tunnel(settings, config, target, deadline, tunnel, what):
     raise ValueError("%s gave no route to dial" % settings.transport)
 
 
-def _dial(settings, config, address, deadline, tunnel, what):
-    shown = settings.loggable(address)
+def _dial(settings, config, address, deadline, tunnel, what, label=""):
+    """One route: connect, then the transport's handshake. Transports' messages never
+    name the address or names they dial (they cannot know --no-safe-logging); the
+    address is said here, scrubbed unless asked, with ``label``: which route it was."""
+    shown = settings.loggable(address) + label
     via = " via the outgoing proxy" if settings.outgoing_proxy else ""
     transport = settings.new_transport(True, config, tunnel.pools)
     try:

@@ -619,9 +619,10 @@ class WebTunnel:
         except ssl.SSLWantReadError:
             return False
         except ssl.SSLCertVerificationError as exc:
-            raise self._fail("TLS: the certificate for %s did not verify (%s): check servername= "
-                             "and the CA roots (SSL_CERT_FILE)"
-                             % (self.config.servername, exc.verify_message or exc.reason),
+            # OpenSSL's words may quote the name: the core says names, scrubbed unless asked.
+            reason = str(exc.verify_message or exc.reason).replace(self.config.servername, "servername=")
+            raise self._fail("TLS: the certificate did not verify for the servername (%s): check "
+                             "servername= and the CA roots (SSL_CERT_FILE)" % reason,
                              self._outgoing.read())
         except ssl.SSLError as exc:
             if not self.initiator and exc.reason == "HTTP_REQUEST":
@@ -634,12 +635,10 @@ class WebTunnel:
         reason = exc.reason or str(exc)
         if not self.initiator:
             return "TLS: the client's handshake failed (%s)" % reason
-        where = "%s:%d" % self.config.address
         if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
-            return ("TLS: %s did not answer in TLS (%s): is it an http:// server (url=), "
-                    "or is addr= wrong?" % (where, reason))
-        return "TLS: the handshake with %s (servername %s) failed (%s)" % (
-            where, self.config.servername, reason)
+            return ("TLS: the host of url= (or addr=) did not answer in TLS (%s): is it an "
+                    "http:// server (url=), or is addr= wrong?" % reason)
+        return "TLS: the handshake failed (%s): check servername=, url= and addr=" % reason
 
     def _read_tls(self):
         """Every plaintext byte the incoming TLS records hold; notes a close_notify."""
@@ -796,15 +795,14 @@ class WebTunnel:
                     "check the host and port of url= (or addr=)")
         if kind not in ("timeout", "closed"):
             return ""
-        where = "%s:%d" % self.config.address
         what = "answered nothing" if kind == "timeout" else "closed the connection"
         if self.state == TLS_HANDSHAKE:
-            return ("%s %s during the TLS handshake: the host of url= (or addr=) answered nothing "
-                    "like a web server; check url=, addr= and servername=" % (where, what))
+            return ("(it %s during the TLS handshake: the host of url= (or addr=) answered nothing "
+                    "like a web server; check url=, addr= and servername=)" % what)
         if self.state == WAIT_RESPONSE:
-            return ("the web server at %s %s instead of answering the upgrade of %s: check the "
-                    "path in url=, and that the reverse proxy passes Upgrade and Connection "
-                    "to a running bridge" % (where, what, self.config.target))
+            return ("(the web server %s instead of answering the upgrade: check the path in url=, "
+                    "and that the reverse proxy passes Upgrade and Connection to a running "
+                    "bridge)" % what)
         return ""
 
 

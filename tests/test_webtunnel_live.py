@@ -701,8 +701,9 @@ def test_servername_list_tries_the_next_name(parts):
     client = parts.client("socks", url)
     with client.connect(client.args(servername="wrong.test,%s" % NAME)) as sock:
         assert echo_round_trip(sock, b"second name") == b"second name"
-    client.wait_for(r"\[NOTICE\] .*the certificate for wrong\.test did not verify .*"
-                    r"trying the next route")
+    client.wait_for(r"\[NOTICE\] .*the bridge \[scrubbed\] \(route 1 of 2\) failed: TLS: the "
+                    r"certificate did not verify for the servername \(Hostname mismatch"
+                    r".*trying the next route")
 
 
 def test_utls_is_accepted_with_a_notice_saying_what_the_client_hello_is(parts):
@@ -723,11 +724,12 @@ FAILURES = {
         r"the server answered 'HTTP/1\.1 200 OK', not 101 Switching Protocols: .*check the path in url="),
     "untrusted CA": (
         lambda client, front: client.args(front.url), 0x01,
-        r"TLS: the certificate for wt\.test did not verify \(unable to get local issuer certificate\): "
-        r"check servername= and the CA roots \(SSL_CERT_FILE\)"),
+        r"TLS: the certificate did not verify for the servername \(unable to get local issuer "
+        r"certificate\): check servername= and the CA roots \(SSL_CERT_FILE\)"),
     "wrong name": (
         lambda client, front: client.args(front.url, servername="wrong.test"), 0x01,
-        r"TLS: the certificate for wrong\.test did not verify \(Hostname mismatch.*\): check servername="),
+        r"TLS: the certificate did not verify for the servername \(Hostname mismatch.*\): "
+        r"check servername="),
     "DNS failure": (
         lambda client, front: client.args("https://bridge.invalid%s" % PATH, servername=None), 0x04,
         r"cannot reach the webtunnel bridge .*: name or service not known .*"
