@@ -337,7 +337,9 @@ def client_config(options):
                          % (", ".join(unknown), ", ".join(CLIENT_OPTIONS)))
     url = options.get("url")
     if not url:
-        raise ValueError("webtunnel needs url= (the bridge line's url=https://HOST/PATH)")
+        error = ValueError("webtunnel needs url= (the bridge line's url=https://HOST/PATH)")
+        error.missing = "url"   # a SOCKS client still starts: Tor sends url= with each connection
+        raise error
     scheme, parts, port = _parse_url(url)
     tls = scheme == "https"
     notes = []
