@@ -620,7 +620,9 @@ class WebTunnel:
             return False
         except ssl.SSLCertVerificationError as exc:
             # OpenSSL's words may quote the name: the core says names, scrubbed unless asked.
-            reason = str(exc.verify_message or exc.reason).replace(self.config.servername, "servername=")
+            name = self.config.servername
+            reason = str(exc.verify_message or exc.reason).replace("'%s'" % name, "servername=")
+            reason = reason.replace(name, "servername=")
             raise self._fail("TLS: the certificate did not verify for the servername (%s): check "
                              "servername= and the CA roots (SSL_CERT_FILE)" % reason,
                              self._outgoing.read())

@@ -29,7 +29,6 @@ default run, which proves each property by an event or a CPU-time budget.
 """
 
 import hashlib
-import logging
 import os
 import queue
 import random
@@ -48,6 +47,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from Crypto.Cipher import AES
+from procwatch import (
+    close_wait,
+    cpu_seconds,
+    fd_count,
+    needs_proc,
+    proc_number,
+    rss_bytes,
+    tcp_sockets,
+    thread_count,
+)
 from support import (
     PROGRAM,
     ROOT,
@@ -70,13 +79,10 @@ import obfs2
 import outbound
 import proxy
 
-LINUX_PROC = os.path.isdir("/proc/self/fd") and os.path.exists("/proc/self/net/tcp")
-needs_proc = pytest.mark.skipif(not LINUX_PROC, reason="reads /proc (Linux)")
 needs_signals = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 HS = 1.0            # --handshake-timeout for the handshake tests, in seconds
 SLACK = 3.0         # how late after its deadline a close may be observed (busy CI)
-TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 # --- Watching a process from outside ---------------------------------------------
@@ -94,77 +100,6 @@ def wait_until(check, timeout, what):
             pytest.fail("%s: not within %.0f s (last: %r)" % (what, timeout, value))
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
-
-
-def fd_count(pid):
-    return len(os.listdir("/proc/%d/fd" % pid))
-
-
-def proc_number(pid, name, label, column=1):
-    """The number in ``column`` of the line of /proc/PID/<name> that starts
-    with ``label`` (/proc/PID/status, /proc/PID/limits)."""
-    with open("/proc/%d/%s" % (pid, name)) as f:
-        for line in f:
-            if line.startswith(label):
-                return int(line.split()[column])
-    raise AssertionError("no %r line in /proc/%d/%s" % (label, pid, name))
-
-
-def thread_count(pid):
-    return proc_number(pid, "status", "Threads:")
-
-
-def rss_bytes(pid):
-    return proc_number(pid, "status", "VmRSS:") * 1024
-
-
-def cpu_seconds(pid):
-    """User + system CPU time of the whole process (all its threads)."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK   # utime, stime: fields 14, 15
-
-
-TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
-              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
-              11: "CLOSING"}
-
-
-def tcp_sockets(pid):
-    """[(state name, timer, local port, remote port)] for the TCP sockets that
-    ``pid`` holds a descriptor for (matched by inode in /proc/PID/net/tcp*).
-
-    ``timer`` is /proc/net/tcp's "tr" field: 2 means a keepalive timer runs.
-    """
-    inodes = set()
-    base = "/proc/%d/fd" % pid
-    for fd in os.listdir(base):
-        try:
-            link = os.readlink(os.path.join(base, fd))
-        except OSError:   # closed meanwhile
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    found = []
-    for table in ("tcp", "tcp6"):
-        try:
-            with open("/proc/%d/net/%s" % (pid, table)) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            # sl local_address rem_address st tx:rx tr:tm->when retrnsmt uid timeout inode
-            fields = row.split()
-            if fields[9] in inodes:
-                found.append((TCP_STATES.get(int(fields[3], 16), fields[3]),
-                              int(fields[5].split(":")[0], 16),
-                              int(fields[1].rsplit(":", 1)[1], 16),
-                              int(fields[2].rsplit(":", 1)[1], 16)))
-    return found
-
-
-def close_wait(pid):
-    return [s for s in tcp_sockets(pid) if s[0] == "CLOSE_WAIT"]
 
 
 class Usage:
@@ -762,55 +697,6 @@ def test_max_connections_refuses_cleanly_and_recovers(dest):
         took = time.monotonic() - began
         assert 1 <= len(refusals) <= 1 + took // listener.Listener.COMPLAINT_INTERVAL, (took, refusals)
     assert_no_traceback(server, client)
-
-
-def test_thread_start_failure_closes_that_connection_only(monkeypatch, caplog):
-    """The Program in this process; threading.Thread.start fails for the 2nd and
-    3rd connection (as it does when the OS refuses a thread)."""
-    with Dest() as d:
-        settings = proxy.Settings(transport="dummy", dest=d.address, handshake_timeout=5)
-        server = listener.Listener(max_connections=100)
-        server.SPARE_THREADS = 0      # no thread waits for the next handshake: each needs a new one
-        address = server.listen(("127.0.0.1", 0), proxy.handle_server, settings)
-        real = threading.Thread
-        starts = {"conn": 0}
-
-        class FlakyThread(real):
-            def start(self):
-                if self.name.startswith("conn-"):
-                    starts["conn"] += 1
-                    if starts["conn"] in (2, 3):
-                        raise RuntimeError("can't start new thread")
-                super().start()
-
-        serving = threading.Thread(target=server.serve, daemon=True)
-        serving.start()
-        assert server.ready.wait(5)
-        monkeypatch.setattr(listener.threading, "Thread", FlakyThread)
-        try:
-            with caplog.at_level(logging.INFO, logger="obfsproxy"):
-                first = socket.create_connection(address, timeout=5)
-                first.sendall(mode("echo") + b"one")
-                assert recv_exact(first, 3) == b"one"
-                for _ in range(2):
-                    with socket.create_connection(address, timeout=5) as doomed:
-                        wait_closed(doomed, 10)   # closed by us: no thread, no handshake deadline
-                with socket.create_connection(address, timeout=5) as fourth:
-                    fourth.sendall(mode("echo") + b"four")
-                    fourth.shutdown(socket.SHUT_WR)
-                    assert recv_all(fourth) == b"four"
-                first.sendall(b"still one")            # the first tunnel was not disturbed
-                first.shutdown(socket.SHUT_WR)
-                assert recv_all(first) == b"still one"
-                first.close()
-                wait_until(lambda: server.live == 0, 10, "all connections finished")
-            errors = [r.getMessage() for r in caplog.records if "cannot start a thread" in r.getMessage()]
-            assert len(errors) == 2, errors
-        finally:
-            monkeypatch.undo()
-            server.stop()
-            serving.join(10)
-        assert not serving.is_alive()
 
 
 LIMITED = r"""
@@ -1454,51 +1340,6 @@ def test_first_sigint_drains_live_tunnels_second_exits(dest):
     assert_no_traceback(server, client, other)
 
 
-def serving(settings, grace=None):
-    """A listener.Listener in this process, serving ``settings`` with handle_server
-    on a thread: (the Listener, its address, the thread)."""
-    node = listener.Listener(max_connections=10)
-    if grace is not None:
-        node.GRACE_SECONDS = grace
-    address = node.listen(("127.0.0.1", 0), proxy.handle_server, settings)
-    thread = threading.Thread(target=node.serve, daemon=True)
-    thread.start()
-    assert node.ready.wait(10)
-    return node, address, thread
-
-
-def test_graceful_stop_waits_for_live_tunnels_at_most_grace_seconds(caplog):
-    """The first Ctrl-C: a tunnel that never ends holds the stop only
-    GRACE_SECONDS (here 1 s), and the user is told how to stop at once. Then the
-    tunnel is cut with a reset: a truncated stream must never look complete."""
-    with Dest() as d, caplog.at_level(logging.INFO, logger="obfsproxy"):
-        settings = proxy.Settings(transport="dummy", dest=d.address, handshake_timeout=5)
-        node, address, thread = serving(settings, grace=1.0)
-        with socket.create_connection(address, timeout=10) as live:
-            live.sendall(mode("echo") + b"x")
-            assert recv_exact(live, 1) == b"x"
-            node.stop(graceful=True)
-            thread.join(20)
-            assert not thread.is_alive(), "still waiting for the live tunnel"
-            with pytest.raises(ConnectionResetError):
-                live.recv(1)
-    messages = [r.getMessage() for r in caplog.records]
-    assert ("stopped accepting; waiting for 1 live connection(s), at most 1 s "
-            "(interrupt again to stop now)") in messages
-    assert any("reset: stopped with the tunnel open" in m for m in messages), messages
-
-
-def test_graceful_stop_when_idle_stops_at_once(caplog):
-    """No live tunnel: nothing to wait for, and nothing said about waiting."""
-    with Dest() as d, caplog.at_level(logging.DEBUG, logger="obfsproxy"):
-        settings = proxy.Settings(transport="dummy", dest=d.address, handshake_timeout=5)
-        node, address, thread = serving(settings)
-        node.stop(graceful=True)
-        thread.join(10)     # GRACE_SECONDS is 30: returning at all within 10 s is "at once"
-        assert not thread.is_alive()
-    assert not [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
-
-
 # === The answer-later rule (a shared-secret server does no key work for a bare connect) ===
 
 
@@ -1668,30 +1509,6 @@ def test_a_flood_of_failures_gives_one_notice_line_per_kind_and_interval(dest):
     infos = [line for line in lines if "[INFO]" in line]
     assert len(notices) + len(infos) == FLOOD, lines
     assert 1 <= len(notices) <= 1 + took // listener.Listener.COMPLAINT_INTERVAL, (took, notices)
-
-
-def test_complaints_are_rate_limited_per_kind_and_text(caplog):
-    """A repeated failure is said once per interval; a second, different mistake
-    of the same kind is said at once (the user who fixed one and made another
-    must see it), up to COMPLAINT_TEXTS texts of a kind per interval."""
-    node = listener.Listener()
-    node.COMPLAINT_INTERVAL, node.COMPLAINT_TEXTS = 3600.0, 2
-    with caplog.at_level(logging.DEBUG, logger="obfsproxy"):
-        for i in range(3):
-            node.complain("args", "conn %d: missing iat-mode" % i, text="missing iat-mode")
-        node.complain("args", "conn 3: a cert of 69 characters", text="bad cert")   # another text
-        node.complain("args", "conn 4: no username", text="no cert")   # past COMPLAINT_TEXTS
-        node.complain("socks", "conn 5: socks 0", text="socks 0")      # another kind: its own NOTICE
-        node.complain("full", "full 0", logging.WARNING, rest=None, text="full")
-        node.complain("full", "full 1", logging.WARNING, rest=None, text="full")  # rest=None: not at all
-        node.COMPLAINT_INTERVAL = 0.0                            # the interval has passed
-        node.complain("args", "conn 6: missing iat-mode", text="missing iat-mode")
-    seen = [(r.levelname, r.getMessage()) for r in caplog.records]
-    assert seen == [("NOTICE", "conn 0: missing iat-mode"), ("INFO", "conn 1: missing iat-mode"),
-                    ("INFO", "conn 2: missing iat-mode"), ("NOTICE", "conn 3: a cert of 69 characters"),
-                    ("INFO", "conn 4: no username"), ("NOTICE", "conn 5: socks 0"),
-                    ("WARNING", "full 0"),
-                    ("NOTICE", "conn 6: missing iat-mode (and 2 more like this in the last 0 s)")], seen
 
 
 # === Load and soak: the slow group (python3 -m pytest -m slow) ===================

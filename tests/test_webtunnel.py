@@ -15,11 +15,14 @@ side of TLS, the other end is a bare ``ssl.SSLObject`` (``Raw``).
 
 import random
 import ssl
+import subprocess
+import sys
 
 import pytest
 import testca
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import PROGRAM, EchoServer, Program, echo_round_trip, fmt, socks5_connect
 
 import webtunnel
 from webtunnel import WebTunnel
@@ -764,6 +767,27 @@ def test_unknown_and_bad_client_arguments():
         WebTunnel.client_config({"url": "https://wt.test:port/p"})
     with pytest.raises(ValueError, match="servername="):
         WebTunnel.client_config({"url": URL, "servername": " , "})
+
+
+def test_a_socks_client_starts_without_url_since_tor_sends_it_with_each_connection():
+    """Tor gives a webtunnel client its url= per connection, in the SOCKS arguments
+    (as obfs4's cert=): the client starts without one and serves a connection that
+    brings it; with --dest (no SOCKS) nothing could bring it, and it refuses to start."""
+    with pytest.raises(ValueError) as caught:
+        WebTunnel.client_config({})
+    assert caught.value.missing == "url"
+    with EchoServer() as echo, \
+            Program("server", "--transport=webtunnel", "--transport-options=url=" + PLAIN_URL,
+                    "--dest=" + fmt(echo.address), "127.0.0.1:0") as server, \
+            Program("client", "--transport=webtunnel", "127.0.0.1:0") as client:
+        url = "http://127.0.0.1:%d/k7Qm2Zx1c1b00b6" % server.address[1]
+        with socks5_connect(client.address, webtunnel.synthetic_address(PLAIN_URL),
+                            args="url=" + url) as sock:
+            assert echo_round_trip(sock, b"through the upgrade") == b"through the upgrade"
+    fixed = subprocess.run([sys.executable, PROGRAM, "client", "--transport=webtunnel",
+                            "--dest=127.0.0.1:9", "127.0.0.1:0"], capture_output=True, text=True,
+                           timeout=30)
+    assert fixed.returncode != 0 and "webtunnel needs url=" in fixed.stderr, fixed.stderr
 
 
 def test_server_config_errors(ca, tmp_path):
