@@ -677,6 +677,44 @@ def test_detection_example_in_the_docs_is_real():
     assert verdicts["obfs4 + 60 zero bytes"] == "exempt (Ex1)"
 
 
+def test_webtunnel_upgrade_example_in_the_docs_is_real():
+    script, shown = doc_example("webtunnel-upgrade-example")
+    assert run_script(script) == shown
+    # The request is the spec's, byte for byte; the 101 too; a probe never gets one.
+    rows = re.findall(r"^    [0-9a-f]{8}  ([0-9a-f ]+?) *\|", shown, re.M)
+    dumped = bytes.fromhex("".join(rows).replace(" ", ""))
+    request = (b"GET /k7Qm2Zx1c1b00b6 HTTP/1.1\r\nHost: wt.test\r\nUser-Agent: Go-http-client/1.1\r\n"
+               b"Connection: upgrade\r\nUpgrade: websocket\r\n\r\n")
+    assert dumped == request + SWITCHING
+    assert "client 203.0.113.9:60000" in shown
+    answers = re.findall(r"^probe .* -> (HTTP/1.1 \d\d\d)", shown, re.M)
+    assert answers == ["HTTP/1.1 404", "HTTP/1.1 404", "HTTP/1.1 400"]
+
+
+def test_webtunnel_address_example_in_the_docs_is_real():
+    script, shown = doc_example("webtunnel-address-example")
+    assert run_script(script) == shown
+    # The address the upstream Go server announced for this URL (shared/webtunnel-spec.md).
+    assert ("SMETHOD webtunnel [2001:db8:1ac9:9c21:b12c:aaf1:5042:4890]:443 "
+            "ARGS:url=https://wt.test/k7Qm2Zx1c1b00b6,ver=0.0.2\n") in shown
+
+
+def test_webtunnel_hello_example_in_the_docs_is_real():
+    script, shown = doc_example("webtunnel-hello-example")
+    assert run_script(script) == shown
+    # The recorded bytes are a ClientHello for wt.test, read here byte by byte, and the
+    # printed counts and lists are its own.
+    hello = bytes.fromhex("".join(re.findall(r'^    "([0-9a-f]+)"', script, re.M))) + bytes(215)
+    assert len(hello) == 5 + int.from_bytes(hello[3:5], "big") and client_hello_sni(hello) == "wt.test"
+    at = 44 + hello[43]                                         # after the session id
+    suites = hello[at + 2:at + 2 + int.from_bytes(hello[at:at + 2], "big")]
+    assert "cipher suites: %s\n" % " ".join(suites[i:i + 2].hex() for i in range(0, len(suites), 2)) in shown
+    assert re.search(r"^JA4   = t13d%02d12h1_" % (len(suites) // 2), shown, re.M)
+    ja3 = re.search(r"^JA3 string = (\S+)", shown, re.M).group(1)
+    assert "JA3        = %s\n" % hashlib.md5(ja3.encode()).hexdigest() in shown
+    assert re.search(r"^fully-encrypted test: exempt \(Ex[15]\)", shown, re.M)
+
+
 def test_the_docs_detect_output_has_the_output_contract():
     """The detect lines quoted in chapter 15 have the shape detect prints."""
     doc = (ROOT / "docs" / "PROTOCOL.md").read_text(encoding="utf-8")
