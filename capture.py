@@ -52,7 +52,7 @@ import obfs2
 import obfs3
 import obfs4
 import tlswire
-from obfs4_crypto import elligator2_direct, x25519
+from curve25519 import elligator2_direct, x25519
 from pcap import CaptureError, load
 from present import (
     FIELD_HEADER,

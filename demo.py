@@ -79,7 +79,9 @@ import proxy
 import tlswire
 import transports
 import webtunnel
-from obfs4_crypto import HashDrbg, SecretBox, elligator2_direct, x25519
+from curve25519 import elligator2_direct, x25519
+from obfs4_crypto import SecretBox
+from obfs4_drbg import HashDrbg
 from outbound import format_address
 
 MESSAGE = (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"

@@ -254,7 +254,8 @@ class Listener:
             self._pump().add(relay, lambda error: self._end(tunnel, error))
         except RuntimeError as exc:    # stopping now, or no thread for a new pump
             relay.abort()
-            self._end(tunnel, NoThread("cannot relay (%s)" % exc))
+            self._end(tunnel, relay_.Stopped("stopped as its handshake ended") if self._stopping
+                      else NoThread("cannot relay (%s)" % exc))
 
     def _pump(self):
         """A pump with room (one, unless the selector is select() itself)."""

@@ -130,17 +130,9 @@ import time
 from pathlib import Path
 
 import obfs4_crypto
-from obfs4_crypto import (
-    HashDrbg,
-    SecretBox,
-    WeightedDist,
-    close_delay,
-    elligator2_direct,
-    generate_keypair,
-    hkdf_sha256,
-    x25519,
-    x25519_base,
-)
+from curve25519 import elligator2_direct, generate_keypair, x25519, x25519_base
+from obfs4_crypto import SecretBox, hkdf_sha256
+from obfs4_drbg import HashDrbg, WeightedDist, close_delay
 
 # --- Constants (§2.1), with the spec's names -------------------------------------------
 

@@ -121,10 +121,13 @@ class HopFailed(Exception):
 
 
 def why(exc):
-    """A short lower-case reason for an OSError or any exception."""
+    """A short lower-case reason for an OSError or any exception; a first word in
+    capitals is an acronym and keeps them ("TLS: ...", not "tLS: ...")."""
     if isinstance(exc, socket.timeout):
         return "timed out"
     text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    if text[1:2].isupper():
+        return text
     return text[:1].lower() + text[1:]
 
 
@@ -145,7 +148,8 @@ def socks_code(exc):
 
 def hint(transport, kind):
     """The transport's words for what to check after a failure of ``kind``
-    ("protocol", "timeout" or "closed"), with a leading space, or ""."""
+    ("connect": the dial itself; "protocol", "timeout" or "closed": the
+    handshake), with a leading space, or ""."""
     words = getattr(transport, "failure_hint", lambda kind: "")(kind)
     return " " + words if words else ""
 
@@ -234,7 +238,10 @@ class Pools:
         return None if prepare is None else prepare(initiator, config)
 
     def prepare(self, cls, initiator, config):
-        recipe = self._recipe(cls, initiator, config) if config is not None else None
+        """A pool for what this side of ``cls`` prepares; ``config`` is None for a SOCKS
+        client whose arguments come with each connection (obfs4's keypairs do not
+        depend on them)."""
+        recipe = self._recipe(cls, initiator, config)
         if recipe is None or self.size <= 0:
             return
         key, make = recipe
@@ -353,7 +360,10 @@ def open_tunnel(settings, config, target, deadline, tunnel, what):
     handshake succeeded, trying the transport's routes in turn (default: the
     target as given; webtunnel: the host of its url=, once per servername),
     each with a fresh transport and an equal share of the time left; or
-    HopFailed for the last route's failure."""
+    HopFailed for the last route's failure. A route that failed before the next
+    is tried is said at NOTICE, once per rate-limit interval (``tunnel.note``):
+    it is a failure the user can act on (a servername that no longer verifies,
+    or that a censor blocks), even when a later route saves the connection."""
     for note in getattr(config, "notes", ()):
         tunnel.note("%s: %s" % (settings.transport, note))
     cls = settings.transport_class
@@ -361,23 +371,28 @@ def open_tunnel(settings, config, target, deadline, tunnel, what):
     for left in range(len(routes), 0, -1):
         address, route_config = routes[-left]
         attempt = deadline if left == 1 else Deadline(deadline.remaining() / left)
+        label = "" if len(routes) == 1 else " (route %d of %d)" % (len(routes) - left + 1, len(routes))
         try:
-            return _dial(settings, route_config, address, attempt, tunnel, what)
+            return _dial(settings, route_config, address, attempt, tunnel, what, label)
         except HopFailed as exc:
             if left == 1:
                 raise
-            log.info("%s: %s; trying the next route", tunnel.name, exc)
+            tunnel.note("%s; trying the next route" % exc)
     raise ValueError("%s gave no route to dial" % settings.transport)
 
 
-def _dial(settings, config, address, deadline, tunnel, what):
-    shown = settings.loggable(address)
+def _dial(settings, config, address, deadline, tunnel, what, label=""):
+    """One route: connect, then the transport's handshake. Transports' messages never
+    name the address or names they dial (they cannot know --no-safe-logging); the
+    address is said here, scrubbed unless asked, with ``label``: which route it was."""
+    shown = settings.loggable(address) + label
     via = " via the outgoing proxy" if settings.outgoing_proxy else ""
     transport = settings.new_transport(True, config, tunnel.pools)
     try:
         server = open_connection(address, deadline, settings.outgoing_proxy, settings.sources)
     except OSError as exc:
-        raise HopFailed("connect", "cannot reach %s %s%s: %s" % (what, shown, via, why(exc)),
+        raise HopFailed("connect", "cannot reach %s %s%s: %s%s"
+                        % (what, shown, via, why(exc), hint(transport, "connect")),
                         code=socks_code(exc))
     try:
         to_application = transport_handshake(server, transport, deadline, tunnel.key_work)

@@ -57,7 +57,8 @@ The contract (duck-typed; ``Dummy`` below is the smallest example)::
         def prepare(cls, initiator, config) -> (key, make) or None
             # handshake material made ahead of time (pool.py; default: none): make()
             # returns one single-use item for __init__'s prepared=; sides whose keys
-            # are equal share a pool
+            # are equal share a pool. config is None for a SOCKS client listener, whose
+            # arguments come with each connection.
         @classmethod
         def crypto_routes(cls) -> ({piece: route}, [pieces in pure Python])
             # what the startup log and the route report say (obfs4: PyNaCl, pycryptodome
@@ -66,8 +67,10 @@ The contract (duck-typed; ``Dummy`` below is the smallest example)::
         uses_state_dir = False            # server_config keeps state in state_dir
         config.notes: tuple of str        # said once at NOTICE by the core (what utls= becomes)
         def failure_hint(self, kind) -> str
-            # words that say what to check after a failed handshake; kind is
-            # "protocol", "timeout" or "closed" (default: none)
+            # words that say what to check after a failure; kind is "connect" (the dial),
+            # "protocol", "timeout" or "closed" (the handshake); default: none. Like the
+            # ProtocolError's text, never the address or names dialled: the core says those,
+            # scrubbed unless --no-safe-logging
         handshake_timeout: seconds or None  # this side's own handshake deadline (obfs4's
                                           # server: 30 s, as obfs4proxy); None: --handshake-timeout
         failure_linger: seconds or None   # server-side probe resistance: drain a failed

@@ -337,7 +337,11 @@ def client_config(options):
                          % (", ".join(unknown), ", ".join(CLIENT_OPTIONS)))
     url = options.get("url")
     if not url:
-        raise ValueError("webtunnel needs url= (the bridge line's url=https://HOST/PATH)")
+        # Named in .missing (as obfs4's absent cert=): a SOCKS client still starts
+        # without it, since each connection brings the bridge line's url=.
+        error = ValueError("webtunnel needs url= (the bridge line's url=https://HOST/PATH)")
+        error.missing = "url"
+        raise error
     scheme, parts, port = _parse_url(url)
     tls = scheme == "https"
     notes = []
@@ -487,10 +491,13 @@ def _status_advice(code):
                 "(nginx: proxy_http_version 1.1 and both proxy_set_header lines)")
     if code == "404":
         return "check the path in url="
+    if code == "200":     # a front serves its cover page on every path it does not route to us
+        return ("the web server served a page, as it does on every path but the bridge's: "
+                "check the path in url=")
     if code in ("301", "302", "303", "307", "308"):
         return "the web server redirects: check the scheme and host in url="
-    if code in ("400", "421"):
-        return "check the host in url= and servername="
+    if code in ("400", "421"):      # nginx's 400: plain HTTP sent to its TLS port, among others
+        return "check the scheme (https) and host in url=, and servername="
     if code in ("502", "503", "504"):
         return "the web server cannot reach the webtunnel bridge behind it (is the bridge running?)"
     return "check url="
@@ -612,9 +619,10 @@ class WebTunnel:
         except ssl.SSLWantReadError:
             return False
         except ssl.SSLCertVerificationError as exc:
-            raise self._fail("TLS: the certificate for %s did not verify (%s): check servername= "
-                             "and the CA roots (SSL_CERT_FILE)"
-                             % (self.config.servername, exc.verify_message or exc.reason),
+            # OpenSSL's words may quote the name: the core says names, scrubbed unless asked.
+            reason = str(exc.verify_message or exc.reason).replace(self.config.servername, "servername=")
+            raise self._fail("TLS: the certificate did not verify for the servername (%s): check "
+                             "servername= and the CA roots (SSL_CERT_FILE)" % reason,
                              self._outgoing.read())
         except ssl.SSLError as exc:
             if not self.initiator and exc.reason == "HTTP_REQUEST":
@@ -627,12 +635,10 @@ class WebTunnel:
         reason = exc.reason or str(exc)
         if not self.initiator:
             return "TLS: the client's handshake failed (%s)" % reason
-        where = "%s:%d" % self.config.address
         if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
-            return ("TLS: %s did not answer in TLS (%s): is it an http:// server (url=), "
-                    "or is addr= wrong?" % (where, reason))
-        return "TLS: the handshake with %s (servername %s) failed (%s)" % (
-            where, self.config.servername, reason)
+            return ("TLS: the host of url= (or addr=) did not answer in TLS (%s): is it an "
+                    "http:// server (url=), or is addr= wrong?" % reason)
+        return "TLS: the handshake failed (%s): check servername=, url= and addr=" % reason
 
     def _read_tls(self):
         """Every plaintext byte the incoming TLS records hold; notes a close_notify."""
@@ -779,18 +785,24 @@ class WebTunnel:
             pass
 
     def failure_hint(self, kind):
-        """Words for a handshake that timed out or was closed, by where it stopped."""
-        if not self.initiator or kind not in ("timeout", "closed"):
+        """Words for a connection that could not be made ("connect": we dial url='s host,
+        which a user may take for the bridge line's address), or a handshake that timed
+        out or was closed, by where it stopped."""
+        if not self.initiator:
             return ""
-        where = "%s:%d" % self.config.address
+        if kind == "connect":
+            return ("(webtunnel dials the host of url=, or addr=, never the bridge line's address): "
+                    "check the host and port of url= (or addr=)")
+        if kind not in ("timeout", "closed"):
+            return ""
         what = "answered nothing" if kind == "timeout" else "closed the connection"
         if self.state == TLS_HANDSHAKE:
-            return ("%s %s during the TLS handshake: the host of url= (or addr=) answered nothing "
-                    "like a web server; check url=, addr= and servername=" % (where, what))
+            return ("(it %s during the TLS handshake: the host of url= (or addr=) answered nothing "
+                    "like a web server; check url=, addr= and servername=)" % what)
         if self.state == WAIT_RESPONSE:
-            return ("the web server at %s %s instead of answering the upgrade of %s: check the "
-                    "path in url=, and that the reverse proxy passes Upgrade and Connection "
-                    "to a running bridge" % (where, what, self.config.target))
+            return ("(the web server %s instead of answering the upgrade: check the path in url=, "
+                    "and that the reverse proxy passes Upgrade and Connection to a running "
+                    "bridge)" % what)
         return ""
 
 

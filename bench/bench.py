@@ -32,6 +32,15 @@ end each is stopped the way it expects (ours: SIGTERM; obfs4proxy: its stdin is 
   and, only when named in --setups:
     ours-to-o4p-obfsN, o4p-to-ours-obfsN   one end each (interoperability under load)
     ours-obfsN-nopool  ours with OBFSPROXY_POOL_SIZE=0: what the handshake pools buy
+    ours-webtunnel   python obfsproxy.py client ==TLS==> nginx (tests/nginx.py's configuration,
+                     the README's) --> python obfsproxy.py server (plain HTTP) --> sink; the
+                     client trusts a test CA (tests/testca.py) through SSL_CERT_FILE
+    ours-webtunnel-tls  the same without nginx: our server terminates TLS itself (tls-cert=)
+    nginx-upgrade    the ceiling of ours-webtunnel: nginx alone, same configuration. The
+                     generator speaks TLS and the upgrade to nginx itself, and the sink
+                     answers the 101. nginx-light has no stream module (Debian ships it in
+                     libnginx-mod-stream), so the ceiling is this HTTP upgrade behind the
+                     same location, not a plain TCP stream; the run says which it used.
 
 The default run is ours and obfs4proxy for obfs2, obfs3 and obfs4 (iat-mode 0; ours on
 both of obfs4_crypto's routes), our dummy and direct. "ours-obfs4" never inherits
@@ -55,6 +64,10 @@ bulk      One TCP stream of --size-mib MiB (default 256) upstream (generator -> 
           (up, down, both, up, ...): the table shows the best MB/s and the median CPU.
 CPU s/GiB user+system CPU seconds of the two tunnel processes (/proc/PID/stat) per GiB
           carried ("both" carries 2 x size). "all bulk" adds up the three streams.
+          webtunnel setups add nginx to the tunnel processes; "front CPU s/GiB" is
+          nginx's part alone (the ceiling's tunnel is nginx only). "both" does not run
+          where the generator itself holds the TLS socket (nginx-upgrade): one thread
+          may not read an ssl.SSLSocket while another writes it.
           /proc counts in 10 ms ticks: with --quick's 32 MiB streams that is +-0.3 s/GiB
           per reading, so trust CPU figures from full runs only.
           "harness CPU s/GiB" is the same for the generator and the sink: it shows how
@@ -123,6 +136,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -226,12 +240,33 @@ def wait_eof(sock):
 #   b"ECHO"  the sink echoes everything until EOF.
 # It then waits for the generator to close: obfs4proxy has no half-close, so nobody
 # closes before the other side has read everything.
+# A connection that starts with "GET " comes through nginx with no webtunnel server
+# behind it (nginx-upgrade): the sink answers the upgrade with webtunnel's 101 first.
+
+SWITCHING_PROTOCOLS = (b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n"
+                       b"Upgrade: websocket\r\n\r\n")
+
+
+def read_header(conn):
+    """HEADER's (mode, size), after answering an HTTP upgrade if the connection has one."""
+    start = recv_exact(conn, 4)
+    if start == b"GET ":
+        head = start
+        while b"\r\n\r\n" not in head:
+            chunk = conn.recv(4096)
+            if not chunk or len(head) > 16384:
+                raise ConnectionError("not an upgrade request")
+            head += chunk
+        conn.sendall(SWITCHING_PROTOCOLS)
+        start = head.partition(b"\r\n\r\n")[2]  # the generator sends nothing before the 101
+    return HEADER.unpack(start + recv_exact(conn, HEADER.size - len(start)))
+
 
 def sink_serve(conn):
     try:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.settimeout(SOCKET_TIMEOUT * 2)
-        mode, size = HEADER.unpack(recv_exact(conn, HEADER.size))
+        mode, size = read_header(conn)
         if mode == b"ECHO":
             buffer = bytearray(ECHO_PAYLOAD)    # small: 1,000 of these run at once
             view = memoryview(buffer)
@@ -510,6 +545,8 @@ class Route:
     first_hop is a SOCKS5 client and ``target`` the server to CONNECT to, with the
     server's ``args`` (obfs4: cert, iat-mode) as SOCKS5 username/password."""
 
+    threads = True      # a socket that one thread may read while another writes
+
     def __init__(self, first_hop, target=None, args=None):
         self.first_hop, self.target, self.args = first_hop, target, args or {}
 
@@ -548,6 +585,56 @@ class Route:
                         raise ConnectionError("SOCKS5 arguments refused")
                 writer.write(socks5_request(self.target))
                 await reader.readexactly(socks5_reply_rest(await reader.readexactly(4)))
+        except BaseException:
+            writer.close()
+            raise
+        return reader, writer
+
+
+class UpgradeRoute(Route):
+    """nginx-upgrade: TLS to nginx (the test CA trusted, SNI wt.test), the upgrade of
+    webtunnel's secret path, then the sink's protocol inside TLS. ``threads`` is False:
+    the socket is an ssl.SSLSocket, which bulk_both would read and write from two threads."""
+
+    threads = False
+
+    def __init__(self, front, ca_file):
+        Route.__init__(self, front.address)
+        self.front = front
+        self.context = ssl.create_default_context(cafile=ca_file)
+        self.request = (b"GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: Go-http-client/1.1\r\n"
+                        b"Connection: upgrade\r\nUpgrade: websocket\r\n\r\n"
+                        % (front.path.encode(), WEBTUNNEL_NAME.encode()))
+
+    @staticmethod
+    def check(head):
+        if not head.startswith(b"HTTP/1.1 101 "):
+            raise ConnectionError("nginx answered %r, not 101" % head[:80])
+
+    def connect(self):
+        sock = Route.connect(self)
+        try:
+            sock = self.context.wrap_socket(sock, server_hostname=WEBTUNNEL_NAME)
+            sock.sendall(self.request)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    raise ConnectionError("nginx closed before its answer to the upgrade")
+                head += chunk
+            self.check(head)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def open(self):
+        reader, writer = await asyncio.open_connection(*self.first_hop, ssl=self.context,
+                                                       server_hostname=WEBTUNNEL_NAME)
+        try:
+            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            writer.write(self.request)
+            self.check(await reader.readuntil(b"\r\n\r\n"))
         except BaseException:
             writer.close()
             raise
@@ -613,16 +700,21 @@ class Bulk:
 
     def __init__(self):
         self.speeds, self.cpus, self.bad = {}, {}, set()
-        self.tunnel_cpu = self.harness_cpu = self.moved = 0.0
+        self.tunnel_cpu = self.harness_cpu = self.front_cpu = self.moved = 0.0
         self.harness_known = True
 
-    def round(self, route, size, digests, tunnel_pids, harness_pids, say):
-        """Up, down and both, once each."""
+    def round(self, route, size, digests, tunnel_pids, harness_pids, say, front_pids=()):
+        """Up, down and both, once each (both only where ``route.threads``). ``front_pids``
+        (nginx), also among ``tunnel_pids``, are measured apart too."""
         buffer = bytearray(BLOCK)
         for name, run in BULK:
+            if name == "both" and not route.threads:
+                continue
             tunnel_before, harness_before = cpu_seconds(tunnel_pids), cpu_seconds(harness_pids)
+            front_before = cpu_seconds(front_pids)
             elapsed, exact, moved = run(route, size, digests, buffer)
             tunnel_after, harness_after = cpu_seconds(tunnel_pids), cpu_seconds(harness_pids)
+            front_after = cpu_seconds(front_pids)
             if not exact:
                 self.bad.add(name)
                 say("bulk %s: SHA-256 MISMATCH" % name)
@@ -638,6 +730,8 @@ class Bulk:
                 self.harness_known = False
             else:
                 self.harness_cpu += harness_after - harness_before
+            if front_pids and None not in (front_before, front_after):
+                self.front_cpu += front_after - front_before
             say("bulk %-4s %7.1f MB/s  %s CPU s/GiB  (SHA-256 ok)"
                 % (name, self.speeds[name][-1], fmt(cpu, 2)))
 
@@ -655,6 +749,8 @@ class Bulk:
                 result["bulk_cpu"] = self.tunnel_cpu / (self.moved / GiB)
             if self.harness_known:
                 result["harness_cpu"] = self.harness_cpu / (self.moved / GiB)
+            if self.front_cpu:
+                result["front_cpu"] = self.front_cpu / (self.moved / GiB)
         return result
 
 
@@ -777,6 +873,12 @@ for _transport in TRANSPORTS:
 # obfs4 on pycryptodome alone (OBFSPROXY_CRYPTO=portable: PyNaCl ignored); "ours-obfs4"
 # runs what is installed (PyNaCl's routes when it imports).
 SETUPS["ours-obfs4-portable"] = ("ours", "ours", "obfs4")
+# webtunnel, only when named: ours through nginx, ours terminating TLS, and nginx alone.
+SETUPS.update({"ours-webtunnel": ("ours", "ours", "webtunnel"),
+               "ours-webtunnel-tls": ("ours", "ours", "webtunnel"),
+               "nginx-upgrade": ("nginx", "nginx", None)})
+WEBTUNNEL_PATH = "/bench-k7Qm2Zx1c1b00b6"
+WEBTUNNEL_NAME = "wt.test"        # the test CA's leaf (tests/testca.py)
 DEFAULT_SETUPS = ["ours-obfs2", "o4p-obfs2", "ours-obfs3", "o4p-obfs3", "ours-obfs4", "ours-obfs4-portable",
                   "o4p-obfs4", "ours-dummy", "direct"]
 CRYPTO_ENV = "OBFSPROXY_CRYPTO"     # obfs4_crypto: "portable" ignores PyNaCl
@@ -792,6 +894,54 @@ def ours_environment(name):
     if name.endswith("-portable"):
         env[CRYPTO_ENV] = "portable"
     return env
+
+
+def test_helpers():
+    """tests/testca.py and tests/nginx.py (the nginx configuration the README gives)."""
+    tests = os.path.join(ROOT, "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import nginx
+    import testca
+    return nginx, testca
+
+
+def start_nginx(directory, backend, ca):
+    """nginx (tests/nginx.py) before ``backend`` on the secret path, as a Child."""
+    nginx, _ = test_helpers()
+    front = nginx.Nginx(os.path.join(directory, "nginx"), backend, ca.cert_file, ca.key_file,
+                        path=WEBTUNNEL_PATH, server_name=WEBTUNNEL_NAME)
+    child = Child("nginx", front.process, front.address, None, stop_by_stdin=False)
+    child.front = front
+    return child
+
+
+def start_webtunnel(options, name, sink, directory):
+    """ours-webtunnel (nginx before our server) or ours-webtunnel-tls (our server's own
+    TLS): ([client, server], nginx Child or None, the client's SOCKS arguments)."""
+    _, testca = test_helpers()
+    ca = testca.make_ca(os.path.join(directory, "ca"))
+    url = "https://%s%s" % (WEBTUNNEL_NAME, WEBTUNNEL_PATH)
+    server_options = "url=" + url
+    if name == "ours-webtunnel-tls":
+        server_options += ";tls-cert=%s;tls-key=%s" % (ca.cert_file, ca.key_file)
+    env = dict(ours_environment(name), SSL_CERT_FILE=ca.ca_file)
+    started, front = [], None
+    try:
+        started.append(start_ours(options.obfsproxy, "server", "webtunnel", sink,
+                                  ["--transport-options=" + server_options], env=env))
+        if name == "ours-webtunnel":
+            front = start_nginx(directory, started[0].address, ca)
+            dial = front.address
+        else:
+            dial = started[0].address
+        started.insert(0, start_ours(options.obfsproxy, "client", "webtunnel", env=env))
+    except BaseException:
+        for child in started + ([front] if front else []):
+            child.stop()
+        raise
+    args = {"url": "https://127.0.0.1:%d%s" % (dial[1], WEBTUNNEL_PATH), "servername": WEBTUNNEL_NAME}
+    return started, front, args
 
 
 def start_pair(options, client_kind, server_kind, transport, sink, state_dir, extra=(), env=None):
@@ -825,6 +975,7 @@ class Setup:
         self.client_kind, self.server_kind, self.transport = SETUPS[name]
         self.result = {"errors": [], "failed": []}
         self.children, self.pids = [], []
+        self.front = None            # webtunnel's nginx: a tunnel process, not client or server
         self.route = None
         self.bulk = Bulk()
         self.sequential = Sequential()
@@ -834,19 +985,30 @@ class Setup:
         print("[%s] %s" % (self.name, text), file=sys.stderr, flush=True)
 
     def start(self, state_dir):
+        args = None
         try:
             if self.client_kind is None:
                 self.route = Route(self.sink.address)
                 return
             os.makedirs(state_dir, exist_ok=True)
-            self.children = start_pair(self.options, self.client_kind, self.server_kind,
-                                       self.transport, self.sink.address, state_dir,
-                                       env=ours_environment(self.name))
+            if self.name == "nginx-upgrade":
+                ca = test_helpers()[1].make_ca(os.path.join(state_dir, "ca"))
+                self.front = start_nginx(state_dir, self.sink.address, ca)
+                self.route = UpgradeRoute(self.front.front, ca.ca_file)
+                return
+            if self.transport == "webtunnel":
+                # The SOCKS target is a placeholder: webtunnel dials url='s host.
+                self.children, self.front, args = start_webtunnel(self.options, self.name,
+                                                                  self.sink.address, state_dir)
+            else:
+                self.children = start_pair(self.options, self.client_kind, self.server_kind,
+                                           self.transport, self.sink.address, state_dir,
+                                           env=ours_environment(self.name))
         except Exception as exc:
             self.fail("start", exc)
             return
         self.route = Route(self.children[0].address, self.children[1].address,
-                           self.children[1].args)
+                           args if args is not None else self.children[1].args)
         self.pids = [child.pid for child in self.children]
         self.result["start_rss_client"] = memory_mib(self.pids[0], "VmRSS")
         self.result["start_rss_server"] = memory_mib(self.pids[1], "VmRSS")
@@ -881,10 +1043,16 @@ class Setup:
         self.result.update(figures)
         return figures
 
+    @property
+    def tunnel_pids(self):
+        """The processes a tunnel costs: client and server, and nginx where there is one."""
+        return self.pids + ([self.front.pid] if self.front else [])
+
     def bulk_round(self, digests, number):
         harness = [os.getpid(), self.sink.pid]
+        front = [self.front.pid] if self.front else []
         self.measure("bulk", lambda: self.bulk.round(self.route, self.options.size, digests,
-                                                     self.pids, harness, self.say),
+                                                     self.tunnel_pids, harness, self.say, front),
                      label="bulk" if self.options.repeat == 1 else "bulk%d" % number)
 
     def bulk_done(self):
@@ -938,7 +1106,7 @@ class Setup:
         if self.pids:
             self.result["peak_rss_client"] = memory_mib(self.pids[0], "VmHWM")
             self.result["peak_rss_server"] = memory_mib(self.pids[1], "VmHWM")
-        codes = [(child.label, child.stop()) for child in self.children]
+        codes = [(child.label, child.stop()) for child in self.children + [self.front] if child]
         bad = ["%s exited with %s" % code for code in codes if code[1] != 0]
         if bad:
             self.result["errors"].append("stop: " + "; ".join(bad))
@@ -1073,7 +1241,7 @@ def table(header, rows):
 def phase_of(key):
     if key.startswith(("setup_", "secret_")):
         return key.split("_")[0]
-    if key.startswith(("up_", "down_", "both_", "bulk_", "harness_")):
+    if key.startswith(("up_", "down_", "both_", "bulk_", "harness_", "front_")):
         return "bulk"
     if key.startswith(("open_", "echo_", "ok", "idle_")):
         return "tunnels"
@@ -1104,6 +1272,7 @@ def results_table(results, options):
         ("CPU s/GiB both", "both_cpu", 2),
         ("CPU s/GiB all bulk", "bulk_cpu", 2),
         ("harness CPU s/GiB", "harness_cpu", 2),
+        ("front (nginx) CPU s/GiB, of all bulk", "front_cpu", 2),
         ("setup conn/s (n=%d)" % options.connections, "setup_rate", 0),
         ("setup p50 ms", "setup_p50", 2),
         ("setup p99 ms", "setup_p99", 2),
@@ -1204,6 +1373,44 @@ def ratio_table(name, transport, results, options, ceiling):
                   "ratio", "needed", "result"], rows)
 
 
+WEBTUNNEL_SETUPS = ("ours-webtunnel", "ours-webtunnel-tls", "nginx-upgrade")
+
+
+def nginx_stream_module():
+    """Whether this nginx could proxy a plain TCP stream (its stream module): never in
+    nginx-light, whose ceiling setup is therefore an HTTP upgrade (nginx-upgrade)."""
+    nginx, _ = test_helpers()
+    binary = nginx.find_nginx()
+    if binary is None:
+        return "nginx is not installed (apt-get install nginx-light)"
+    built = subprocess.run([binary, "-V"], capture_output=True, text=True, timeout=10).stderr
+    if "--with-stream " in built + " " or os.path.exists("/usr/lib/nginx/modules/ngx_stream_module.so"):
+        return "this nginx has a stream module, but the ceiling stays the HTTP upgrade (same location)"
+    return ("nginx-light has no stream module (Debian's libnginx-mod-stream), so the ceiling is an "
+            "HTTP upgrade to the sink behind the same location")
+
+
+def webtunnel_table(results, options):
+    """The webtunnel setups beside nginx alone (nginx-upgrade), with ours / ceiling."""
+    names = [name for name in WEBTUNNEL_SETUPS if name in results]
+    ceiling = results.get("nginx-upgrade")
+    rows = []
+    for label, key, digits in [("bulk up MB/s", "up_mbs", 1), ("bulk down MB/s", "down_mbs", 1),
+                               ("CPU s/GiB up (all tunnel processes)", "up_cpu", 2),
+                               ("CPU s/GiB down (all tunnel processes)", "down_cpu", 2),
+                               ("of which nginx, CPU s/GiB (all bulk)", "front_cpu", 2),
+                               ("setup conn/s", "setup_rate", 0), ("setup p50 ms", "setup_p50", 2),
+                               ("setup p99 ms", "setup_p99", 2),
+                               ("open %d tunnels s" % options.tunnels, "open_s", 2),
+                               ("echo %dx64KiB s" % options.tunnels, "echo_s", 2)]:
+        row = [label] + [cell(results[name], key, digits) for name in names]
+        ours, top = results.get("ours-webtunnel", {}).get(key), (ceiling or {}).get(key)
+        ok = isinstance(ours, (int, float)) and isinstance(top, (int, float)) and top
+        row.append("%.2fx" % (ours / top) if ok else "n/a")
+        rows.append(row)
+    return table(["webtunnel"] + names + ["ours-webtunnel / nginx-upgrade"], rows)
+
+
 def measure_ceiling(program, name):
     """obfs4's ceilings on the routes of setup ``name`` ("ours-obfs4": PyNaCl if it
     imports; "ours-obfs4-portable": OBFSPROXY_CRYPTO=portable), measured in a child
@@ -1233,11 +1440,12 @@ def ceiling_main(program, seconds=0.3):
     import obfs3
     import obfs4
     import obfs4_crypto
+    import obfs4_drbg
     clock = time.thread_time
     box = obfs4_crypto.SecretBox(bytes(range(32)), bytes(16))
     packet = RANDOM_BLOCK[:1430]
     sealed = box.seal(1, packet)
-    drbg = obfs4_crypto.HashDrbg(bytes(24))
+    drbg = obfs4_drbg.HashDrbg(bytes(24))
     best = {}
     for name, run, per_run in (("seal", lambda: box.seal(1, packet), 1),
                                ("open", lambda: box.open(1, sealed), 1),
@@ -1432,6 +1640,10 @@ def main(argv=None):
     print()
     print(results_table(results, options))
     print()
+    if any(name in WEBTUNNEL_SETUPS for name in results):
+        print("webtunnel's ceiling: %s" % nginx_stream_module())
+        print(webtunnel_table(results, options))
+        print()
     best = {name: max(found, key=lambda c: c["frame_mbs"]) for name, found in ceilings.items() if found}
     if best:
         info["ceilings"] = best

@@ -52,7 +52,7 @@ import capture
 import obfs2
 import pcap
 import tlswire
-from obfs4_crypto import elligator2_direct, x25519
+from curve25519 import elligator2_direct, x25519
 
 CLIENT_HELLO = (b"\x16\x03\x01\x00\xc8\x01\x00\x00\xc4\x03\x03" + bytes(range(32))
                 + b" a TLS ClientHello: what the censor was looking for")
@@ -381,7 +381,7 @@ def test_one_secret_hash_rule_for_the_transport_and_the_attack(tmp_path):
 
 
 def test_the_cost_estimate_is_measured_once_per_run(tmp_path):
-    """Every connection of one capture gets the same estimate (issue 14)."""
+    """Every connection of one capture gets the same estimate of the hash rate."""
     rng = random.Random(5)
     for n in range(4):
         for suffix in (".initiator.bin", ".responder.bin"):
@@ -393,7 +393,7 @@ def test_the_cost_estimate_is_measured_once_per_run(tmp_path):
 
 
 def test_a_text_file_is_not_a_capture(tmp_path, capsys):
-    """issue 14: ``detect /etc/hostname`` read a text file as a recording."""
+    """``detect /etc/hostname`` once read a text file as a recording."""
     text = tmp_path / "hostname"
     text.write_text("bridge.example.org\n")
     empty = tmp_path / "empty"
@@ -678,7 +678,7 @@ def plain_round_trip(address, data):
 
 
 def test_tcpdump_capture_of_all_three_transports_http_and_tls(tmp_path):
-    """The issue's "done when": obfs2, obfs3 and obfs4 through our client and server,
+    """On a real capture: obfs2, obfs3 and obfs4 through our client and server,
     a plain HTTP and a TLS connection, captured by tcpdump on loopback. detect names
     obfs2 by its magic, flags the three as fully encrypted, exempts HTTP and TLS."""
     payload = CLIENT_HELLO + os.urandom(20000)

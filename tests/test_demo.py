@@ -28,7 +28,9 @@ from support import PROGRAM, ROOT, load_vectors
 import demo
 import proxy
 import tlswire
-from obfs4_crypto import HashDrbg, WeightedDist, elligator2_direct, secretbox_open
+from curve25519 import elligator2_direct
+from obfs4_crypto import secretbox_open
+from obfs4_drbg import HashDrbg, WeightedDist
 
 P = int(
     "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"

@@ -157,9 +157,9 @@ def test_thread_start_failure_closes_that_connection_only(monkeypatch, caplog):
                 first = socket.create_connection(address, timeout=WAIT)
                 first.sendall(b"one")
                 assert recv_exact(first, 3) == b"one"
-                for _ in range(2):
-                    with socket.create_connection(address, timeout=WAIT) as doomed:
-                        with pytest.raises(ConnectionResetError):
+                for _ in range(2):    # reset: seen by recv, or already by connect on loopback
+                    with pytest.raises(ConnectionResetError):
+                        with socket.create_connection(address, timeout=WAIT) as doomed:
                             doomed.recv(1)
                 with socket.create_connection(address, timeout=WAIT) as fourth:
                     fourth.sendall(b"four")
@@ -190,8 +190,8 @@ def test_no_pump_for_a_tunnel_closes_it_with_a_reset_and_a_line(monkeypatch, cap
         try:
             with caplog.at_level(logging.INFO, logger="obfsproxy"):
                 monkeypatch.setattr(listener.relay_.Pump, "add", lambda self, *a: refuse(*a))
-                with socket.create_connection(address, timeout=WAIT) as sock:
-                    with pytest.raises(ConnectionResetError):
+                with pytest.raises(ConnectionResetError):   # by recv, or already by connect
+                    with socket.create_connection(address, timeout=WAIT) as sock:
                         sock.recv(1)
                 wait_until(lambda: node.live == 0, what="the connection counted out")
             lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

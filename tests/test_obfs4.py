@@ -20,14 +20,16 @@ import stat
 import threading
 
 import pytest
+from crypto_routes import ROUTES, use_route
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import load_vectors
-from test_obfs4_crypto import ROUTES, use_route
 
+import curve25519
 import obfs4
-import obfs4_crypto
-from obfs4_crypto import HashDrbg, WeightedDist, secretbox_open, secretbox_seal, x25519, x25519_base
+from curve25519 import x25519, x25519_base
+from obfs4_crypto import secretbox_open, secretbox_seal
+from obfs4_drbg import HashDrbg, WeightedDist
 
 HANDSHAKE = load_vectors("obfs4-handshake.json")
 STATE = load_vectors("obfs4-server-state.json")
@@ -216,7 +218,7 @@ def crypto_route(request, monkeypatch):
     """The test once per family of obfs4_crypto routes (PyNaCl, pycryptodome, pure
     Python, and the one chosen at import): the session must replay on each."""
     use_route(monkeypatch, request.param)
-    monkeypatch.setattr(obfs4, "x25519", obfs4_crypto.x25519)      # obfs4 holds the name
+    monkeypatch.setattr(obfs4, "x25519", curve25519.x25519)        # obfs4 holds the name
     return request.param
 
 

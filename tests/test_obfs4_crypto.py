@@ -19,59 +19,21 @@ import types
 
 import pytest
 from Crypto.Cipher import Salsa20
+from crypto_routes import ROUTES, need, use_route
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import IN_CI, ROOT, load_vectors
+from support import ROOT, load_vectors
 
+import accel
+import curve25519 as curve
 import obfs4_crypto as c
+import obfs4_drbg
 
 PRIMITIVES = load_vectors("obfs4-primitives.json")
 ELLIGATOR = load_vectors("obfs4-elligator2.json")
 DRBG = load_vectors("obfs4-drbg-probdist.json")
 h = bytes.fromhex
 P = 2 ** 255 - 19
-ROUTES = ["chosen route", "PyNaCl", "pycryptodome", "pure Python"]
-
-
-def need(present, what):
-    """Skip a test whose library is missing; in CI, fail it (CI installs everything)."""
-    if present:
-        return
-    if c.NACL_UNAVAILABLE == "%s=portable" % c.CRYPTO_ENV and what == "PyNaCl":
-        pytest.skip("PyNaCl is ignored here (%s=portable)" % c.CRYPTO_ENV)
-    if IN_CI:
-        pytest.fail("%s is missing, but CI installs it (requirements-dev.txt)" % what)
-    pytest.skip("%s is not installed" % what)
-
-
-def use_route(monkeypatch, name):
-    """Patch one family of routes into obfs4_crypto (until the test ends):
-    "PyNaCl" (secretbox, X25519, edwards25519), "pycryptodome" (those three and
-    Poly1305, HSalsa20, Elligator2's field power), "pure Python" (the pure functions;
-    the secretbox then runs pycryptodome's Salsa20, which has no alternative), "chosen
-    route" (nothing)."""
-    if name == "PyNaCl":
-        need(c._nacl is not None, "PyNaCl")
-        patch = {"_SecretBoxRoute": c._NaClSecretBox, "x25519": c._x25519_nacl, "_dirty_u": c._dirty_u_nacl}
-    elif name == "pycryptodome":
-        need(c._Poly1305_MAC is not None, "pycryptodome's Poly1305_MAC")
-        need(c._DH is not None, "pycryptodome >= 3.21 (Crypto.Protocol.DH)")
-        need(c._dirty_u_pycryptodome is not c._dirty_u_unavailable, "pycryptodome's Ed25519 EccPoint")
-        need(c._Integer is not None, "pycryptodome's Integer")
-        patch = {"_SecretBoxRoute": c._PortableSecretBox, "poly1305": c._poly1305_pycryptodome,
-                 "hsalsa20": c._hsalsa20_pycryptodome, "x25519": c._x25519_pycryptodome,
-                 "_dirty_u": c._dirty_u_pycryptodome, "_field_pow": c._field_pow_pycryptodome}
-    elif name == "pure Python":
-        patch = {"_SecretBoxRoute": c._PortableSecretBox, "poly1305": c._poly1305_pure,
-                 "hsalsa20": c._hsalsa20_pure, "x25519": c._x25519_pure, "_dirty_u": c._dirty_u_pure,
-                 "_field_pow": c._field_pow_pure, "_salsa20_xor": c._salsa20_xor_pycryptodome}
-    else:
-        assert name == "chosen route"
-        patch = {}
-    for attribute, value in patch.items():
-        monkeypatch.setattr(c, attribute, value)
-
-
 @pytest.fixture(params=ROUTES)
 def route(request, monkeypatch):
     """Run the test on the self-tested routes, then on each family patched in."""
@@ -279,12 +241,12 @@ def test_secretbox_argument_errors(route):
 @pytest.mark.parametrize("length", range(64))
 def test_siphash24_reference_vectors(length):
     v = PRIMITIVES["siphash24"]
-    assert c.siphash24(h(v["key"]), bytes(range(length))) == h(v["digests_by_length"][length])
+    assert obfs4_drbg.siphash24(h(v["key"]), bytes(range(length))) == h(v["digests_by_length"][length])
 
 
 def test_siphash24_paper_example_as_an_integer():
     """The SipHash paper's appendix: 15-byte message, result 0xa129ca6149be45e5."""
-    digest = c.siphash24(bytes(range(16)), bytes(range(15)))
+    digest = obfs4_drbg.siphash24(bytes(range(16)), bytes(range(15)))
     assert int.from_bytes(digest, "little") == 0xA129CA6149BE45E5
 
 
@@ -292,9 +254,9 @@ def test_siphash24_paper_example_as_an_integer():
 
 @pytest.mark.parametrize("v", cases(PRIMITIVES["x25519"]))
 def test_x25519(route, v):
-    assert c.x25519(h(v["scalar"]), h(v["u"])) == h(v["out"])
+    assert curve.x25519(h(v["scalar"]), h(v["u"])) == h(v["out"])
     if v["u"] == "09" + "00" * 31:
-        assert c.x25519_base(h(v["scalar"])) == h(v["out"])
+        assert curve.x25519_base(h(v["scalar"])) == h(v["out"])
 
 
 def test_x25519_on_pynacl_checks_lengths_before_calling_c():
@@ -302,7 +264,7 @@ def test_x25519_on_pynacl_checks_lengths_before_calling_c():
     need(c._nacl is not None, "PyNaCl")
     for scalar, u in ((bytes(31), bytes(32)), (bytes(32), bytes(33))):
         with pytest.raises(ValueError, match="32-byte"):
-            c._x25519_nacl(scalar, u)
+            curve._x25519_nacl(scalar, u)
 
 
 # u of low order (and their non-canonical encodings), cr.yp.to/ecdh.html#validate
@@ -315,41 +277,41 @@ LOW_ORDER = [0, 1, X1, X2, P - 1, P, P + 1, 2 ** 255 + 1]   # (bit 255 is ignore
 def test_x25519_low_order_u_gives_zeros(route, u):
     """pycryptodome raises for these; the ladder gives 0. Either way: 32 zero bytes."""
     u32 = (u % 2 ** 256).to_bytes(32, "little")
-    assert c.x25519(bytes(range(1, 33)), u32) == bytes(32)
+    assert curve.x25519(bytes(range(1, 33)), u32) == bytes(32)
 
 
 def test_x25519_ignores_bit_255_and_reduces_u(route):
     v = cases(PRIMITIVES["x25519"])[0]
     scalar, u = h(v["scalar"]), bytearray(h(v["u"]))
     u[31] |= 0x80
-    assert c.x25519(scalar, bytes(u)) == h(v["out"])
+    assert curve.x25519(scalar, bytes(u)) == h(v["out"])
     nine_plus_p = (9 + P).to_bytes(32, "little")        # a non-canonical encoding of 9
-    assert c.x25519(scalar, nine_plus_p) == c._x25519_pure(scalar, c.X25519_BASE)
+    assert curve.x25519(scalar, nine_plus_p) == curve._x25519_pure(scalar, curve.X25519_BASE)
 
 
 def test_dirty_keys_agree_like_clean_ones(route):
     """The torsion term changes no shared secret: the peer's clamped scalar kills it."""
     draws = iter(hashlib.sha256(bytes([i])).digest() for i in range(100))
-    a_priv, a_u, _ = c.generate_keypair(lambda n: next(draws))
-    b_priv, b_u, _ = c.generate_keypair(lambda n: next(draws))
-    shared = c.x25519(a_priv, b_u)
-    assert shared == c.x25519(b_priv, a_u) != bytes(32)
-    assert shared == c.x25519(a_priv, c.x25519_base(b_priv))
+    a_priv, a_u, _ = curve.generate_keypair(lambda n: next(draws))
+    b_priv, b_u, _ = curve.generate_keypair(lambda n: next(draws))
+    shared = curve.x25519(a_priv, b_u)
+    assert shared == curve.x25519(b_priv, a_u) != bytes(32)
+    assert shared == curve.x25519(a_priv, curve.x25519_base(b_priv))
 
 
 # --- hash DRBG, Go math/rand, close delay ---------------------------------------------
 
 @pytest.mark.parametrize("v", cases(DRBG["hash_drbg_go_compat"]))
 def test_hash_drbg_go_compat(v):
-    drbg = c.HashDrbg(h(v["seed"]))
+    drbg = obfs4_drbg.HashDrbg(h(v["seed"]))
     assert [drbg.int63() for _ in v["int63_first3"]] == v["int63_first3"]
 
 
 def test_hash_drbg_blocks_and_masks():
     v = DRBG["hash_drbg_blocks"]
-    drbg = c.HashDrbg(h(v["seed"]))
+    drbg = obfs4_drbg.HashDrbg(h(v["seed"]))
     assert [drbg.next_block().hex() for _ in v["blocks"]] == v["blocks"]
-    drbg = c.HashDrbg(h(v["seed"]))
+    drbg = obfs4_drbg.HashDrbg(h(v["seed"]))
     assert [drbg.mask16() for _ in v["blocks"]] == [int(b[:4], 16) for b in v["blocks"]]
 
 
@@ -357,27 +319,27 @@ def test_hash_drbg_is_not_siphash_of_the_previous_block():
     """Erratum 1: block 2 is SipHash(K, o_0 | o_1), not SipHash(K, o_1)."""
     seed = h(DRBG["hash_drbg_blocks"]["seed"])
     blocks = [h(b) for b in DRBG["hash_drbg_blocks"]["blocks"]]
-    assert blocks[0] == c.siphash24(seed[:16], seed[16:])
-    assert blocks[1] == c.siphash24(seed[:16], seed[16:] + blocks[0])
-    assert blocks[1] != c.siphash24(seed[:16], blocks[0])
+    assert blocks[0] == obfs4_drbg.siphash24(seed[:16], seed[16:])
+    assert blocks[1] == obfs4_drbg.siphash24(seed[:16], seed[16:] + blocks[0])
+    assert blocks[1] != obfs4_drbg.siphash24(seed[:16], blocks[0])
 
 
 def test_hash_drbg_batches_are_the_same_stream():
     """blocks(n) and masks(n) continue one stream, in any mix with single draws."""
     v = DRBG["hash_drbg_blocks"]
     want = [int.from_bytes(h(b), "little") for b in v["blocks"]]
-    drbg = c.HashDrbg(h(v["seed"]))
+    drbg = obfs4_drbg.HashDrbg(h(v["seed"]))
     got = drbg.blocks(1) + [int.from_bytes(drbg.next_block(), "little")] + drbg.blocks(len(want) - 2)
     assert got == want
-    drbg = c.HashDrbg(h(v["seed"]))
+    drbg = obfs4_drbg.HashDrbg(h(v["seed"]))
     assert drbg.masks(3) + [drbg.mask16()] + drbg.masks(len(want) - 4) == \
         [int(b[:4], 16) for b in v["blocks"]]
-    assert c.HashDrbg(h(v["seed"])).blocks(0) == []
+    assert obfs4_drbg.HashDrbg(h(v["seed"])).blocks(0) == []
 
 
 def test_hash_drbg_seed_length():
     with pytest.raises(ValueError, match="24 bytes"):
-        c.HashDrbg(bytes(16))
+        obfs4_drbg.HashDrbg(bytes(16))
 
 
 GO = DRBG["go_math_rand"]["seed_000102..17"]
@@ -385,15 +347,15 @@ GO_SEED = bytes(range(24))
 
 
 def test_go_math_rand_streams():
-    drbg = c.HashDrbg(GO_SEED)
+    drbg = obfs4_drbg.HashDrbg(GO_SEED)
     assert [drbg.int63() for _ in range(5)] == GO["int63_first5"]
-    drbg = c.HashDrbg(GO_SEED)
+    drbg = obfs4_drbg.HashDrbg(GO_SEED)
     assert [drbg.next_block().hex() for _ in range(5)] == GO["next_block_first5"]
-    assert c.GoRand(c.HashDrbg(GO_SEED)).intn(60) == GO["fresh_intn60"]
-    rng = c.GoRand(c.HashDrbg(GO_SEED))
+    assert obfs4_drbg.GoRand(obfs4_drbg.HashDrbg(GO_SEED)).intn(60) == GO["fresh_intn60"]
+    rng = obfs4_drbg.GoRand(obfs4_drbg.HashDrbg(GO_SEED))
     assert [rng.float64() for _ in range(3)] == GO["fresh_float64_first3"]
-    assert c.GoRand(c.HashDrbg(GO_SEED)).perm(10) == GO["fresh_perm10"]
-    rng = c.GoRand(c.HashDrbg(GO_SEED))
+    assert obfs4_drbg.GoRand(obfs4_drbg.HashDrbg(GO_SEED)).perm(10) == GO["fresh_perm10"]
+    rng = obfs4_drbg.GoRand(obfs4_drbg.HashDrbg(GO_SEED))
     assert [rng.intn(n) for n in (7, 100, 1, 1448)] == GO["fresh_intn_sequence_7_100_1_1448"]
 
 
@@ -409,26 +371,26 @@ class Scripted:
 
 def test_go_int31n_rejects_values_above_the_limit():
     """n = 3: limit = (2^31 - 1) - 2^31 mod 3 = 2^31 - 3; Int31 = 2^31 - 1 is redrawn."""
-    rng = c.GoRand(Scripted([(2 ** 31 - 1) << 32, (2 ** 31 - 3) << 32, 5 << 32]))
+    rng = obfs4_drbg.GoRand(Scripted([(2 ** 31 - 1) << 32, (2 ** 31 - 3) << 32, 5 << 32]))
     assert rng.int31n(3) == (2 ** 31 - 3) % 3
     assert rng.int31n(3) == 2
 
 
 def test_go_int31n_power_of_two_masks_and_float64_redraws_one():
-    assert c.GoRand(Scripted([(2 ** 31 - 1) << 32])).int31n(8) == 7
+    assert obfs4_drbg.GoRand(Scripted([(2 ** 31 - 1) << 32])).int31n(8) == 7
     # float(2^63 - 1) rounds to 2^63, so Float64 would be 1.0: Go draws again
-    assert c.GoRand(Scripted([2 ** 63 - 1, 2 ** 62])).float64() == 0.5
+    assert obfs4_drbg.GoRand(Scripted([2 ** 63 - 1, 2 ** 62])).float64() == 0.5
     with pytest.raises(ValueError):
-        c.GoRand(Scripted([])).intn(0)
+        obfs4_drbg.GoRand(Scripted([])).intn(0)
 
 
 @pytest.mark.parametrize("v", cases(DRBG["close_delay_verified_live"]))
 def test_close_delay_verified_live(v):
-    assert c.close_delay(h(v["drbg_seed"])) == v["close_delay_s"]
+    assert obfs4_drbg.close_delay(h(v["drbg_seed"])) == v["close_delay_s"]
 
 
 def test_close_delay_derived():
-    assert c.close_delay(GO_SEED) == GO["fresh_intn60"]
+    assert obfs4_drbg.close_delay(GO_SEED) == GO["fresh_intn60"]
 
 
 # --- weighted tables ------------------------------------------------------------------
@@ -439,7 +401,7 @@ TABLES = (cases(DRBG["length_tables"]) + cases(DRBG["iat_tables"])
 
 @pytest.mark.parametrize("v", TABLES, ids=lambda v: v["seed"][-8:] + ("-biased" if v["biased"] else ""))
 def test_weighted_tables(v):
-    dist = c.WeightedDist(h(v["seed"]), v["min"], v["max"], v["biased"])
+    dist = obfs4_drbg.WeightedDist(h(v["seed"]), v["min"], v["max"], v["biased"])
     assert len(dist.values) == v["n"]
     assert dist.values == v["values"]
     assert dist.weights == v["weights"]
@@ -454,7 +416,7 @@ def test_iat_table_seed_is_sha256_of_the_drbg_seed():
 
 @pytest.mark.parametrize("v", cases(DRBG["length_tables"])[:2], ids=["13 values", "3 values"])
 def test_sample_picks_the_index_or_its_alias(v):
-    dist = c.WeightedDist(h(v["seed"]), v["min"], v["max"])
+    dist = obfs4_drbg.WeightedDist(h(v["seed"]), v["min"], v["max"])
     for i, (prob, alias) in enumerate(zip(v["prob"], v["alias"])):
         own, other = v["min"] + v["values"][i], v["min"] + v["values"][alias]
         assert dist.sample(constant(i), constant(0.0)) == own
@@ -471,7 +433,7 @@ def constant(value):
 def test_sample_follows_the_weights():
     """Vose's tables must reproduce w_i / sum(w); 30 000 seeded draws, 4 sigma."""
     v = cases(DRBG["length_tables"])[0]
-    dist = c.WeightedDist(h(v["seed"]), v["min"], v["max"])
+    dist = obfs4_drbg.WeightedDist(h(v["seed"]), v["min"], v["max"])
     rng = random.Random(1)
     draws = 30000
     counts = {}
@@ -486,7 +448,7 @@ def test_sample_follows_the_weights():
 
 
 def test_sample_defaults_to_the_csprng():
-    dist = c.WeightedDist(GO_SEED, 0, 1448)
+    dist = obfs4_drbg.WeightedDist(GO_SEED, 0, 1448)
     assert {dist.sample() for _ in range(300)} <= set(dist.values)
 
 
@@ -500,28 +462,28 @@ def le(hex32):
 @given(x=st.integers(0, 2 ** 256))
 def test_is_square_is_eulers_criterion(x):
     """The Jacobi-symbol square test against x^((p-1)/2) == 1, the definition."""
-    assert c._is_square(x) == (pow(x, (P - 1) // 2, P) == 1)
+    assert curve._is_square(x) == (pow(x, (P - 1) // 2, P) == 1)
 
 
 def test_is_square_edges():
     """0 (and p) is not a non-zero square; -1 is one (p = 1 mod 4); 2 is not (p = 5 mod 8)."""
-    assert [c._is_square(x) for x in (0, P, 1, 4, P - 1, 2, 2 * 9)] == \
+    assert [curve._is_square(x) for x in (0, P, 1, 4, P - 1, 2, 2 * 9)] == \
         [False, False, True, True, True, False, False]
 
 
 def test_constants():
     k = ELLIGATOR["constants"]
-    assert k["A"] == c.A and k["non_square_Z"] == 2 and not c._is_square(2)
-    assert le(k["sqrt_minus_1"]) == c.SQRT_M1 and c.SQRT_M1 ** 2 % P == P - 1
+    assert k["A"] == curve.A and k["non_square_Z"] == 2 and not curve._is_square(2)
+    assert le(k["sqrt_minus_1"]) == curve.SQRT_M1 and curve.SQRT_M1 ** 2 % P == P - 1
     assert le(k["minus_2"]) == -2 % P
-    assert le(k["lop_x"]) == c.LOP_X and le(k["lop_y"]) == c.LOP_Y
-    assert le(k["edwards_d"]) == c.D
-    assert le(k["ed25519_base_x"]) == c.ED_GX and le(k["ed25519_base_y"]) == c.ED_GY
+    assert le(k["lop_x"]) == curve.LOP_X and le(k["lop_y"]) == curve.LOP_Y
+    assert le(k["edwards_d"]) == curve.D
+    assert le(k["ed25519_base_x"]) == curve.ED_GX and le(k["ed25519_base_y"]) == curve.ED_GY
 
 
 @pytest.mark.parametrize("v", cases(ELLIGATOR["direct_map"]))
 def test_elligator2_direct_map(v):
-    assert c.elligator2_direct(h(v["representative"])) == h(v["u"])
+    assert curve.elligator2_direct(h(v["representative"])) == h(v["u"])
 
 
 TWEAKED = [(v["u"], int(key[len("tweak_"):], 16), r)
@@ -530,14 +492,14 @@ TWEAKED = [(v["u"], int(key[len("tweak_"):], 16), r)
 
 @pytest.mark.parametrize("u, tweak, representative", TWEAKED)
 def test_elligator2_inverse_map(route, u, tweak, representative):
-    assert c.elligator2_inverse(h(u), tweak) == h(representative)
-    assert c.elligator2_direct(h(representative)) == h(u)
+    assert curve.elligator2_inverse(h(u), tweak) == h(representative)
+    assert curve.elligator2_direct(h(representative)) == h(u)
 
 
 @pytest.mark.parametrize("u", ELLIGATOR["inverse_map"]["u_without_representative"])
 def test_elligator2_u_without_representative(route, u):
     for tweak in (0, 1, 0x40, 0xC1, 0xFF):
-        assert c.elligator2_inverse(h(u), tweak) is None
+        assert curve.elligator2_inverse(h(u), tweak) is None
 
 
 def test_elligator2_inverse_reads_u_like_x25519(route):
@@ -545,31 +507,31 @@ def test_elligator2_inverse_reads_u_like_x25519(route):
     u, tweak, representative = TWEAKED[0]
     top_bit = bytearray(h(u))
     top_bit[31] |= 0x80
-    assert c.elligator2_inverse(bytes(top_bit), tweak) == h(representative)
-    assert c.elligator2_inverse((1 + P).to_bytes(32, "little"), 0) == c.elligator2_inverse(
+    assert curve.elligator2_inverse(bytes(top_bit), tweak) == h(representative)
+    assert curve.elligator2_inverse((1 + P).to_bytes(32, "little"), 0) == curve.elligator2_inverse(
         (1).to_bytes(32, "little"), 0)
 
 
 def test_elligator2_argument_errors():
     with pytest.raises(ValueError, match="32 bytes"):
-        c.elligator2_direct(bytes(31))
+        curve.elligator2_direct(bytes(31))
     with pytest.raises(ValueError, match="32 bytes"):
-        c.dirty_public_key(bytes(33))
+        curve.dirty_public_key(bytes(33))
 
 
 def on_curve(x, y):
-    return (-x * x + y * y - 1 - c.D * x * x * y * y) % P == 0
+    return (-x * x + y * y - 1 - curve.D * x * x * y * y) % P == 0
 
 
 def test_torsion_points():
     points = ELLIGATOR["torsion_points"]["points"]
-    assert [(le(p["x"]), le(p["y"])) for p in points] == c.TORSION
-    assert len(set(c.TORSION)) == 8
-    for x, y in c.TORSION:
+    assert [(le(p["x"]), le(p["y"])) for p in points] == curve.TORSION
+    assert len(set(curve.TORSION)) == 8
+    for x, y in curve.TORSION:
         assert on_curve(x, y)
-        eight = c._ed_mul(c._ed_point(x, y), 8)
+        eight = curve._ed_mul(curve._ed_point(x, y), 8)
         assert eight[0] == 0 and eight[1] == eight[2]            # 8·T is the identity
-    one = c._ed_mul(c._ed_point(c.LOP_X, c.LOP_Y), 4)
+    one = curve._ed_mul(curve._ed_point(curve.LOP_X, curve.LOP_Y), 4)
     assert one[1] != one[2]                                       # T[1] has order exactly 8
 
 
@@ -580,20 +542,20 @@ def test_dirty_keypairs(route, v):
     priv, tweak = digest[:32], digest[63]
     assert priv == h(v["priv32_sha512_first_half"]) and tweak == v["tweak_sha512_byte63"]
     assert priv[0] & 7 == v["torsion_index_priv0_and_7"]
-    assert c.dirty_public_key(priv) == h(v["dirty_u"])
-    assert c.x25519_base(priv) == h(v["clean_u_x25519_base"])
+    assert curve.dirty_public_key(priv) == h(v["dirty_u"])
+    assert curve.x25519_base(priv) == h(v["clean_u_x25519_base"])
     assert (h(v["dirty_u"]) == h(v["clean_u_x25519_base"])) == (priv[0] & 7 == 0)
-    assert c.elligator2_inverse(h(v["dirty_u"]), tweak) == h(v["representative"])
-    assert c.elligator2_direct(h(v["representative"])) == h(v["dirty_u"])
+    assert curve.elligator2_inverse(h(v["dirty_u"]), tweak) == h(v["representative"])
+    assert curve.elligator2_direct(h(v["representative"])) == h(v["dirty_u"])
 
 
 @pytest.mark.parametrize("v", cases(ELLIGATOR["research_inverse_vectors"]), ids=lambda v: str(v["tweak"]))
 def test_research_inverse_vectors(route, v):
     priv = h(v["priv32(unclamped)"])
     assert priv[0] & 7 == v["low3bits_of_priv0"]
-    assert c.dirty_public_key(priv) == h(v["dirty_u"])
-    assert c.x25519_base(priv) == h(v["clean_u(X25519 base)"])
-    assert c.elligator2_inverse(h(v["dirty_u"]), v["tweak"]) == h(v["representative"])
+    assert curve.dirty_public_key(priv) == h(v["dirty_u"])
+    assert curve.x25519_base(priv) == h(v["clean_u(X25519 base)"])
+    assert curve.elligator2_inverse(h(v["dirty_u"]), v["tweak"]) == h(v["representative"])
 
 
 def test_keypair_generation_with_rejected_draws(route):
@@ -602,8 +564,8 @@ def test_keypair_generation_with_rejected_draws(route):
     for a in attempts:
         digest = hashlib.sha512(h(a["csprng_input32"])).digest()
         assert digest[:32] == h(a["priv32"]) and digest[63] == a["tweak"]
-        assert c.dirty_public_key(h(a["priv32"])) == h(a["dirty_u"])
-        representative = c.elligator2_inverse(h(a["dirty_u"]), a["tweak"])
+        assert curve.dirty_public_key(h(a["priv32"])) == h(a["dirty_u"])
+        representative = curve.elligator2_inverse(h(a["dirty_u"]), a["tweak"])
         assert representative == (a["representative"] and h(a["representative"]))
 
     asked = []
@@ -612,7 +574,7 @@ def test_keypair_generation_with_rejected_draws(route):
         asked.append(n)
         return draws[len(asked) - 1]
     last = attempts[-1]
-    assert c.generate_keypair(randbytes) == (h(last["priv32"]), h(last["dirty_u"]),
+    assert curve.generate_keypair(randbytes) == (h(last["priv32"]), h(last["dirty_u"]),
                                              h(last["representative"]))
     assert asked == [32] * len(attempts)
 
@@ -621,13 +583,13 @@ def test_keypair_generation_with_rejected_draws(route):
 @given(seed=st.binary(min_size=32, max_size=32))
 def test_generated_keys_decode_to_their_u(seed):
     draws = iter(hashlib.sha256(seed + bytes([i])).digest() for i in range(200))
-    priv, u, representative = c.generate_keypair(lambda n: next(draws))
-    assert c.elligator2_direct(representative) == u == c.dirty_public_key(priv)
+    priv, u, representative = curve.generate_keypair(lambda n: next(draws))
+    assert curve.elligator2_direct(representative) == u == curve.dirty_public_key(priv)
     assert len(priv) == len(u) == len(representative) == 32
 
 
 def test_generate_keypair_uses_the_csprng_by_default():
-    keys = {c.generate_keypair()[2] for _ in range(4)}
+    keys = {curve.generate_keypair()[2] for _ in range(4)}
     assert len(keys) == 4
     assert {r[31] >> 6 for r in keys} <= {0, 1, 2, 3}
 
@@ -642,7 +604,7 @@ PORTABLE_ROUTES = {"secretbox": ("pycryptodome Salsa20 + Poly1305_MAC",
                    "edwards25519": ("pycryptodome EccPoint", "pure Python"),
                    "Poly1305": ("pycryptodome Poly1305_MAC", "pure Python"),
                    "HSalsa20": ("pycryptodome Salsa20 seek", "pure Python"),
-                   "Elligator2": ("pycryptodome Integer (%s)" % getattr(c._Integer, "__name__", "-"),
+                   "Elligator2": ("pycryptodome Integer (%s)" % getattr(accel.Integer, "__name__", "-"),
                                   "pure Python"),
                    "Salsa20": ("pycryptodome Salsa20",), "hash DRBG": ("pure Python",)}
 
@@ -652,18 +614,18 @@ def test_routes_name_every_piece_and_match_what_runs():
     assert set(routes) == set(PORTABLE_ROUTES)
     for piece, route in routes.items():
         assert route in PORTABLE_ROUTES[piece] + (NACL_ROUTES.get(piece),), piece
-    assert routes["secretbox"] == c.SECRETBOX_ROUTE and routes["X25519"] == c.X25519_ROUTE
-    assert routes["edwards25519"] == c.EDWARDS_ROUTE and routes["Poly1305"] == c.POLY1305_ROUTE
+    assert routes["secretbox"] == c.SECRETBOX_ROUTE and routes["X25519"] == curve.X25519_ROUTE
+    assert routes["edwards25519"] == curve.EDWARDS_ROUTE and routes["Poly1305"] == c.POLY1305_ROUTE
     assert routes["HSalsa20"] == c.HSALSA20_ROUTE and routes["Salsa20"] == c.SALSA20_ROUTE
-    assert routes["Elligator2"] == c.ELLIGATOR2_ROUTE
-    assert (c._field_pow is c._field_pow_pure) == (c.ELLIGATOR2_ROUTE == "pure Python")
+    assert routes["Elligator2"] == curve.ELLIGATOR2_ROUTE
+    assert (curve._field_pow is curve._field_pow_pure) == (curve.ELLIGATOR2_ROUTE == "pure Python")
     assert (c._SecretBoxRoute is c._NaClSecretBox) == (c.SECRETBOX_ROUTE == NACL_ROUTES["secretbox"])
-    assert (c.x25519 is c._x25519_nacl) == (c.X25519_ROUTE == NACL_ROUTES["X25519"])
-    assert (c._dirty_u is c._dirty_u_nacl) == (c.EDWARDS_ROUTE == NACL_ROUTES["edwards25519"])
+    assert (curve.x25519 is curve._x25519_nacl) == (curve.X25519_ROUTE == NACL_ROUTES["X25519"])
+    assert (curve._dirty_u is curve._dirty_u_nacl) == (curve.EDWARDS_ROUTE == NACL_ROUTES["edwards25519"])
     assert (c.hsalsa20 is c._hsalsa20_pure) == (c.HSALSA20_ROUTE == "pure Python")
     assert (c.poly1305 is c._poly1305_pure) == (c.POLY1305_ROUTE == "pure Python")
-    assert (c.x25519 is c._x25519_pure) == (c.X25519_ROUTE == "pure Python")
-    assert (c._dirty_u is c._dirty_u_pure) == (c.EDWARDS_ROUTE == "pure Python")
+    assert (curve.x25519 is curve._x25519_pure) == (curve.X25519_ROUTE == "pure Python")
+    assert (curve._dirty_u is curve._dirty_u_pure) == (curve.EDWARDS_ROUTE == "pure Python")
 
 
 def test_route_report_names_every_route_and_why_pynacl_is_not_used():
@@ -682,28 +644,28 @@ def test_the_fast_routes_run_wherever_their_library_is():
         return
     if c._Poly1305_MAC is not None:
         assert c.POLY1305_ROUTE == "pycryptodome Poly1305_MAC"
-    if c._DH is not None:
-        assert c.X25519_ROUTE == "pycryptodome Crypto.Protocol.DH"
-    if c._dirty_u_pycryptodome is not c._dirty_u_unavailable:
-        assert c.EDWARDS_ROUTE == "pycryptodome EccPoint"
+    if accel.DH is not None:
+        assert curve.X25519_ROUTE == "pycryptodome Crypto.Protocol.DH"
+    if c._dirty_u_pycryptodome is not curve._dirty_u_unavailable:
+        assert curve.EDWARDS_ROUTE == "pycryptodome EccPoint"
     assert c.HSALSA20_ROUTE == "pycryptodome Salsa20 seek"
-    if c._Integer is not None:
-        assert c.ELLIGATOR2_ROUTE.startswith("pycryptodome Integer")
+    if accel.Integer is not None:
+        assert curve.ELLIGATOR2_ROUTE.startswith("pycryptodome Integer")
 
 
 def test_choose_takes_the_first_candidate_that_passes():
-    answers = c._answers(c._POLY1305_ANSWERS)
+    answers = accel.answers(c._POLY1305_ANSWERS)
     right = lambda key, data: c._poly1305_pure(key, data)
     wrong = lambda key, data: bytes(16)
     pure = (c._poly1305_pure, "pure Python")
 
     def raises(key, data):
         raise TypeError("another signature")
-    assert c._choose([(right, "fast"), pure], answers) == (right, "fast", [])
-    assert c._choose([(wrong, "wrong"), (raises, "raises"), (None, "missing"), (right, "fast"), pure],
+    assert accel.choose([(right, "fast"), pure], answers) == (right, "fast", [])
+    assert accel.choose([(wrong, "wrong"), (raises, "raises"), (None, "missing"), (right, "fast"), pure],
                      answers) == (right, "fast", ["wrong", "raises"])
-    assert c._choose([(wrong, "wrong"), pure], answers) == (c._poly1305_pure, "pure Python", ["wrong"])
-    assert c._choose([(None, "missing"), pure], answers) == (c._poly1305_pure, "pure Python", [])
+    assert accel.choose([(wrong, "wrong"), pure], answers) == (c._poly1305_pure, "pure Python", ["wrong"])
+    assert accel.choose([(None, "missing"), pure], answers) == (c._poly1305_pure, "pure Python", [])
 
 
 class FakeNaCl:
@@ -715,32 +677,33 @@ class FakeNaCl:
 def fake_nacl(monkeypatch):
     if c._nacl is None:
         monkeypatch.setattr(c, "_nacl", FakeNaCl())
+        monkeypatch.setattr(curve, "_nacl", c._nacl)
 
 
 def test_a_wrong_field_power_is_not_chosen(monkeypatch):
     """Proven through the whole inverse map: a power that is right only for squares fails."""
-    assert c._elligator2_route()[0] in (c._field_pow_pycryptodome, c._field_pow_pure)
-    monkeypatch.setattr(c, "_field_pow_pycryptodome", lambda x, e: pow(x, e - 1, c.P))
-    monkeypatch.setattr(c, "_Integer", c._Integer or object)
-    power, name, passed_over = c._elligator2_route()
-    assert power is c._field_pow_pure and name == "pure Python" and len(passed_over) == 1
+    assert curve._elligator2_route()[0] in (curve._field_pow_pycryptodome, curve._field_pow_pure)
+    monkeypatch.setattr(curve, "_field_pow_pycryptodome", lambda x, e: pow(x, e - 1, curve.P))
+    monkeypatch.setattr(curve, "_Integer", accel.Integer or object)
+    power, name, passed_over = curve._elligator2_route()
+    assert power is curve._field_pow_pure and name == "pure Python" and len(passed_over) == 1
 
 
 def test_a_wrong_pynacl_x25519_or_edwards_route_is_not_chosen(monkeypatch, fake_nacl):
-    monkeypatch.setattr(c, "_x25519_nacl", lambda scalar, u: bytes(32))
-    function, name, passed_over = c._x25519_route()
-    assert function is not c._x25519_nacl and passed_over == ["PyNaCl crypto_scalarmult"]
+    monkeypatch.setattr(curve, "_x25519_nacl", lambda scalar, u: bytes(32))
+    function, name, passed_over = curve._x25519_route()
+    assert function is not curve._x25519_nacl and passed_over == ["PyNaCl crypto_scalarmult"]
     assert name in ("pycryptodome Crypto.Protocol.DH", "pure Python")
 
     def ignores_bit_255(scalar, u):                  # right on the RFC vector, wrong on u | 2^255
-        return c._x25519_pure(scalar, u) if u[31] < 0x80 else bytes(32)
-    monkeypatch.setattr(c, "_x25519_nacl", ignores_bit_255)
-    assert c._x25519_route()[1] != "PyNaCl crypto_scalarmult"
+        return curve._x25519_pure(scalar, u) if u[31] < 0x80 else bytes(32)
+    monkeypatch.setattr(curve, "_x25519_nacl", ignores_bit_255)
+    assert curve._x25519_route()[1] != "PyNaCl crypto_scalarmult"
 
     def no_torsion(priv):                            # a clean key: right for index 0 only
-        return c.x25519_base(priv)
-    monkeypatch.setattr(c, "_dirty_u_nacl", no_torsion)
-    function, name, passed_over = c._edwards_route()
+        return curve.x25519_base(priv)
+    monkeypatch.setattr(curve, "_dirty_u_nacl", no_torsion)
+    function, name, passed_over = curve._edwards_route()
     assert function is not no_torsion and passed_over[0] == "PyNaCl crypto_scalarmult_ed25519_base"
 
 
@@ -786,17 +749,18 @@ def test_pynacl_seals_alike_with_and_without_the_easy_api():
 def test_the_real_pynacl_routes_pass_their_self_tests():
     need(c._nacl is not None, "PyNaCl")
     assert c._secretbox_proven(c._NaClSecretBox)
-    assert c._gives(c._x25519_nacl, c._X25519_ANSWERS)
-    assert c._gives(c._dirty_u_nacl, c._EDWARDS_ANSWERS)
+    assert accel.gives(curve._x25519_nacl, curve._X25519_ANSWERS)
+    assert accel.gives(curve._dirty_u_nacl, curve._EDWARDS_ANSWERS)
 
 
 def test_pure_python_routes_lists_the_fallbacks_in_use(monkeypatch):
     monkeypatch.setattr(c, "_SecretBoxRoute", c._NaClSecretBox)
     monkeypatch.setattr(c, "SECRETBOX_ROUTE", NACL_ROUTES["secretbox"])
-    for piece, name in (("POLY1305_ROUTE", "pure Python"), ("HSALSA20_ROUTE", "pure Python"),
-                        ("X25519_ROUTE", "pycryptodome Crypto.Protocol.DH"),
-                        ("EDWARDS_ROUTE", "pure Python"), ("ELLIGATOR2_ROUTE", "pure Python")):
-        monkeypatch.setattr(c, piece, name)
+    for module, piece, name in ((c, "POLY1305_ROUTE", "pure Python"), (c, "HSALSA20_ROUTE", "pure Python"),
+                                (curve, "X25519_ROUTE", "pycryptodome Crypto.Protocol.DH"),
+                                (curve, "EDWARDS_ROUTE", "pure Python"),
+                                (curve, "ELLIGATOR2_ROUTE", "pure Python")):
+        monkeypatch.setattr(module, piece, name)
     assert c.pure_python_routes() == ["edwards25519", "Elligator2"]     # Poly1305/HSalsa20: unused
     monkeypatch.setattr(c, "_SecretBoxRoute", c._PortableSecretBox)
     assert c.pure_python_routes() == ["Poly1305", "HSalsa20", "edwards25519", "Elligator2"]
@@ -811,7 +775,7 @@ def test_salsa20_has_no_fallback_a_wrong_answer_refuses_to_run():
 
 
 def run_python(code, **env):
-    environ = {k: v for k, v in os.environ.items() if k != c.CRYPTO_ENV}
+    environ = {k: v for k, v in os.environ.items() if k != accel.CRYPTO_ENV}
     environ.update(env)
     return subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), env=environ,
                           capture_output=True, text=True, timeout=60)
@@ -849,14 +813,14 @@ def test_a_misspelt_obfsproxy_crypto_stops_the_import():
 @pytest.mark.parametrize("value, use", [("", True), ("auto", True), (" Portable ", False),
                                         ("portable", False)])
 def test_obfsproxy_crypto_values(value, use):
-    assert c._use_nacl({c.CRYPTO_ENV: value}) is use
-    assert c._use_nacl({}) is True
+    assert accel.use_nacl({accel.CRYPTO_ENV: value}) is use
+    assert accel.use_nacl({}) is True
 
 
 def test_pynacl_missing_or_broken_is_a_missing_route(monkeypatch):
-    assert c._import_nacl(False) == (None, (), "OBFSPROXY_CRYPTO=portable")
+    assert accel.import_nacl(False) == (None, (), "OBFSPROXY_CRYPTO=portable")
     monkeypatch.setitem(sys.modules, "nacl", None)              # "import nacl" -> ImportError
-    assert c._import_nacl(True) == (None, (), "PyNaCl is not installed")
+    assert accel.import_nacl(True) == (None, (), "PyNaCl is not installed")
     broken = types.ModuleType("nacl")
     broken.__path__ = []
 
@@ -864,7 +828,7 @@ def test_pynacl_missing_or_broken_is_a_missing_route(monkeypatch):
         raise OSError("libsodium.so.23: cannot open shared object file")
     broken.__getattr__ = fails
     monkeypatch.setitem(sys.modules, "nacl", broken)
-    module, error, why = c._import_nacl(True)
+    module, error, why = accel.import_nacl(True)
     assert module is None and error == () and why.startswith("PyNaCl failed to import (OSError: libsodium")
 
 
@@ -886,16 +850,16 @@ def test_the_embedded_self_test_answers_are_the_vectors():
     x = cases(PRIMITIVES["x25519"])
     top_bit = bytearray(h(x[0]["u"]))
     top_bit[31] |= 0x80
-    assert c._X25519_ANSWERS[:3] == [((h(x[0]["scalar"]), h(x[0]["u"])), h(x[0]["out"])),
+    assert curve._X25519_ANSWERS[:3] == [((h(x[0]["scalar"]), h(x[0]["u"])), h(x[0]["out"])),
                                      ((h(x[0]["scalar"]), bytes(top_bit)), h(x[0]["out"])),
                                      ((h(x[3]["scalar"]), h(x[3]["u"])), h(x[3]["out"]))]
-    assert c._X25519_ANSWERS[3] == ((bytes(range(32)), bytes(32)), bytes(32))
+    assert curve._X25519_ANSWERS[3] == ((bytes(range(32)), bytes(32)), bytes(32))
     inverse = {(v["u"], int(key[len("tweak_"):], 16)): r for v in cases(ELLIGATOR["inverse_map"])
                for key, r in v.items() if key.startswith("tweak_")}
-    for (u, tweak), r in c._ELLIGATOR2_ANSWERS[:-1]:
+    for (u, tweak), r in curve._ELLIGATOR2_ANSWERS[:-1]:
         assert inverse[(u.hex(), tweak)] == r.hex()
-    (u, _), none = c._ELLIGATOR2_ANSWERS[-1]
+    (u, _), none = curve._ELLIGATOR2_ANSWERS[-1]
     assert u.hex() in ELLIGATOR["inverse_map"]["u_without_representative"] and none is None
     dirty = cases(ELLIGATOR["dirty_keypairs"])
     assert [v["torsion_index_priv0_and_7"] for v in dirty] == list(range(8))
-    assert c._EDWARDS_ANSWERS == [((h(v["priv32_sha512_first_half"]),), h(v["dirty_u"])) for v in dirty]
+    assert curve._EDWARDS_ANSWERS == [((h(v["priv32_sha512_first_half"]),), h(v["dirty_u"])) for v in dirty]

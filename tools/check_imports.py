@@ -9,9 +9,9 @@ checks four rules::
 
     1. no cycle                    a -> b -> a would make the layers meaningless
     2. nobody imports obfsproxy    the CLI is the top; nothing may depend on it
-    3. the sans-IO leaves          obfs2, obfs3, obfs4, obfs4_crypto, socks,
-       import nothing of ours,     webtunnel, and the relay, except obfs4 ->
-                                   obfs4_crypto (the primitives obfs4 needs); a
+    3. the sans-IO leaves          obfs2, obfs3, obfs4 and its primitives, socks,
+       import nothing of ours,     webtunnel, tlswire and the relay, except obfs4 ->
+                                   its primitives (LEAF_ALLOWED); a
                                    leaf that imported proxy would drag sockets
                                    and threads into the protocol, a relay that
                                    imported the listener would know tunnels
@@ -32,8 +32,13 @@ import sys
 from pathlib import Path
 
 CLI = "obfsproxy"
-LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "socks", "webtunnel", "relay")
-LEAF_ALLOWED = {("obfs4", "obfs4_crypto")}
+LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "obfs4_drbg", "curve25519", "accel", "socks",
+          "webtunnel", "tlswire", "relay")
+# obfs4 and its primitives: the frame cipher (and the route report), the DRBG, the keys,
+# and the accelerator's route chooser they share.
+LEAF_ALLOWED = {("obfs4", "obfs4_crypto"), ("obfs4", "obfs4_drbg"), ("obfs4", "curve25519"),
+                ("obfs4_crypto", "accel"), ("obfs4_crypto", "obfs4_drbg"), ("obfs4_crypto", "curve25519"),
+                ("curve25519", "accel")}
 STDLIB_ONLY = ("relay", "webtunnel")
 STDLIB = getattr(sys, "stdlib_module_names", None)
 

@@ -1,0 +1,59 @@
+"""The families of crypto routes, for tests that must pass on each (a helper module,
+not a test module: test_obfs4_crypto.py and test_obfs4.py both use it).
+
+``use_route(monkeypatch, name)`` patches one family into obfs4_crypto.py (the frame
+cipher) and curve25519.py (the keys) until the test ends; ``need`` skips a test whose
+library is missing, and fails it in CI, which installs every library.
+"""
+
+import pytest
+from support import IN_CI
+
+import accel
+import curve25519 as curve
+import obfs4_crypto as c
+
+ROUTES = ["chosen route", "PyNaCl", "pycryptodome", "pure Python"]
+
+
+def need(present, what):
+    """Skip a test whose library is missing; in CI, fail it (CI installs everything)."""
+    if present:
+        return
+    if accel.NACL_UNAVAILABLE == "%s=portable" % accel.CRYPTO_ENV and what == "PyNaCl":
+        pytest.skip("PyNaCl is ignored here (%s=portable)" % accel.CRYPTO_ENV)
+    if IN_CI:
+        pytest.fail("%s is missing, but CI installs it (requirements-dev.txt)" % what)
+    pytest.skip("%s is not installed" % what)
+
+
+def use_route(monkeypatch, name):
+    """Patch one family of routes in (until the test ends): "PyNaCl" (secretbox,
+    X25519, edwards25519), "pycryptodome" (those three and Poly1305, HSalsa20,
+    Elligator2's field power), "pure Python" (the pure functions; the secretbox then
+    runs pycryptodome's Salsa20, which has no alternative), "chosen route" (nothing).
+    Code that imported a patched name itself (obfs4's ``x25519``) must be patched by
+    its test too."""
+    if name == "PyNaCl":
+        need(accel.nacl is not None, "PyNaCl")
+        patch = [(c, "_SecretBoxRoute", c._NaClSecretBox), (curve, "x25519", curve._x25519_nacl),
+                 (curve, "_dirty_u", curve._dirty_u_nacl)]
+    elif name == "pycryptodome":
+        need(accel.Poly1305_MAC is not None, "pycryptodome's Poly1305_MAC")
+        need(accel.DH is not None, "pycryptodome >= 3.21 (Crypto.Protocol.DH)")
+        need(curve._dirty_u_pycryptodome is not curve._dirty_u_unavailable, "pycryptodome's Ed25519 EccPoint")
+        need(accel.Integer is not None, "pycryptodome's Integer")
+        patch = [(c, "_SecretBoxRoute", c._PortableSecretBox), (c, "poly1305", c._poly1305_pycryptodome),
+                 (c, "hsalsa20", c._hsalsa20_pycryptodome), (curve, "x25519", curve._x25519_pycryptodome),
+                 (curve, "_dirty_u", curve._dirty_u_pycryptodome),
+                 (curve, "_field_pow", curve._field_pow_pycryptodome)]
+    elif name == "pure Python":
+        patch = [(c, "_SecretBoxRoute", c._PortableSecretBox), (c, "poly1305", c._poly1305_pure),
+                 (c, "hsalsa20", c._hsalsa20_pure), (curve, "x25519", curve._x25519_pure),
+                 (curve, "_dirty_u", curve._dirty_u_pure), (curve, "_field_pow", curve._field_pow_pure),
+                 (c, "_salsa20_xor", c._salsa20_xor_pycryptodome)]
+    else:
+        assert name == "chosen route"
+        patch = []
+    for module, attribute, value in patch:
+        monkeypatch.setattr(module, attribute, value)
