@@ -11,8 +11,10 @@ import base64
 import hashlib
 import hmac
 import io
+import ipaddress
 import os
 import re
+import ssl
 import struct
 import subprocess
 import sys
@@ -20,11 +22,12 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from Crypto.Cipher import AES
+from Crypto.Cipher import AES, ChaCha20_Poly1305
 from support import PROGRAM, ROOT, load_vectors
 
 import demo
 import proxy
+import tlswire
 from curve25519 import elligator2_direct
 from obfs4_crypto import secretbox_open
 from obfs4_drbg import HashDrbg, WeightedDist
@@ -365,6 +368,232 @@ def test_obfs3_demo_in_process_and_its_failure_path(monkeypatch):
     assert "FAILED: a public value's Legendre symbol does not match its coin" in out.getvalue()
 
 
+# --- webtunnel ------------------------------------------------------------------------
+#
+# The demo prints the key log's TLS secrets; here the recorded records are opened with
+# them by this file's own HKDF-Expand-Label (hmac) and AES-GCM (pycryptodome), and
+# the request is the one the spec writes out. Nothing expected comes from webtunnel.py.
+
+SWITCHING = b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n"
+SUITES = {0x1301: (hashlib.sha256, 16), 0x1302: (hashlib.sha384, 32), 0x1303: (hashlib.sha256, 32)}
+
+
+def expand_label(secret, label, length, digest):
+    """RFC 8446 7.1, written out: HKDF-Expand with HkdfLabel(length, "tls13 " + label, "")."""
+    info = struct.pack(">HB", length, 6 + len(label)) + b"tls13 " + label + b"\x00"
+    out, t, i = b"", b"", 1
+    while len(out) < length:
+        t = hmac.new(secret, t + info + bytes([i]), digest).digest()
+        out, i = out + t, i + 1
+    return out[:length]
+
+
+def tls_records(data):
+    """[(offset, type, body)] of every record of one direction."""
+    found, pos = [], 0
+    while pos < len(data):
+        kind, length = data[pos], int.from_bytes(data[pos + 3:pos + 5], "big")
+        found.append((pos, kind, data[pos + 5:pos + 5 + length]))
+        pos += 5 + length
+    assert pos == len(data)
+    return found
+
+
+def unseal(suite, secret, sequence, header, body):
+    """(real type, content) of one TLS 1.3 record (RFC 8446 5.2, 5.3)."""
+    digest, size = SUITES[suite]
+    key, iv = expand_label(secret, b"key", size, digest), expand_label(secret, b"iv", 12, digest)
+    nonce = (int.from_bytes(iv, "big") ^ sequence).to_bytes(12, "big")
+    if suite == 0x1303:
+        cipher = ChaCha20_Poly1305.new(key=key, nonce=nonce)
+    else:
+        cipher = AES.new(key, AES.MODE_GCM, nonce=nonce)
+    cipher.update(header)
+    inner = cipher.decrypt_and_verify(body[:-16], body[-16:]).rstrip(b"\x00")
+    return inner[-1], inner[:-1]
+
+
+def unseal_direction(data, suite, handshake_secret, application_secret):
+    """[(offset, outer type, length, real type, content)]: handshake keys until this
+    side's Finished (handshake message type 20), then application keys."""
+    rows, secret, sequence = [], handshake_secret, 0
+    for pos, kind, body in tls_records(data):
+        if kind != 23:
+            rows.append((pos, kind, len(body), kind, body))
+            continue
+        inner, content = unseal(suite, secret, sequence, data[pos:pos + 5], body)
+        sequence += 1
+        rows.append((pos, kind, len(body), inner, content))
+        if inner == 22 and content[0] == 20 and secret is handshake_secret:
+            secret, sequence = application_secret, 0
+    return rows
+
+
+def client_hello_sni(data):
+    """The host_name of a ClientHello's server_name extension, read byte by byte."""
+    pos = 9 + 2 + 32
+    pos += 1 + data[pos]                                        # session_id
+    pos += 2 + int.from_bytes(data[pos:pos + 2], "big")         # cipher_suites
+    pos += 1 + data[pos]                                        # compression_methods
+    end = pos + 2 + int.from_bytes(data[pos:pos + 2], "big")
+    pos += 2
+    while pos < end:
+        kind, length = struct.unpack(">HH", data[pos:pos + 4])
+        if kind == 0:
+            return data[pos + 9:pos + 4 + length].decode("ascii")   # list(2) type(1) name(2)
+        pos += 4 + length
+    return None
+
+
+def test_webtunnel_demo_shows_what_crossed_the_wire(tmp_path):
+    status, out, err = run("demo", "--transport=webtunnel", "--record-dir=" + str(tmp_path))
+    assert status == 0, err + out
+    c_wire, s_wire = wire(tmp_path)
+
+    # The bridge line: the synthetic address is SHA-256("WEBTUNNEL+" + url)'s bytes 4..15.
+    url = re.search(r"\n  url=(https://wt\.test/[A-Za-z0-9]{16})\n", out).group(1)
+    path = url[len("https://wt.test"):]
+    digest = hashlib.sha256(b"WEBTUNNEL+" + url.encode()).digest()
+    address = str(ipaddress.IPv6Address(bytes.fromhex("20010db8") + digest[4:16]))
+    assert 'SHA-256("WEBTUNNEL+" + url) = %s\n' % digest.hex() in out
+    assert "\n    webtunnel [%s]:443 FINGERPRINT url=%s ver=0.0.2\n" % (address, url) in out
+
+    # The ClientHello: each row is the wire's bytes; the SNI; the JA4 of Python's own.
+    block = out.split("The ClientHello: the client's first write", 1)[1].split("\n  then", 1)[0]
+    rows = re.findall(r"\n +(\d+) +(\d+)  (\w+) +((?:[0-9a-f]{2} )+)", block)
+    assert [row[2] for row in rows] == ["record", "message", "version", "random", "session_id", "suites"]
+    for offset, _, name, shown in rows:
+        shown = bytes.fromhex(shown.replace(" ", ""))
+        assert c_wire[int(offset):int(offset) + len(shown)] == shown, name
+    assert client_hello_sni(c_wire) == "wt.test"
+    assert re.search(r"\n +0  server_name +wt\.test ", out)
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(["http/1.1"])
+    reference = demo.in_memory_client_hello(context, "wt.test")
+    assert "JA4 = %s " % tlswire.ja4(tlswire.hello(reference)) in out
+    assert tlswire.ja4(tlswire.hello(reference)) == tlswire.ja4(tlswire.hello(c_wire))
+
+    # The secrets as printed give the keys printed, and open every record of both directions.
+    suite = int(re.search(r"ServerHello: TLS 1.3, cipher suite ([0-9a-f]{4})", out).group(1), 16)
+    sid = s_wire[43]
+    assert s_wire[44 + sid:46 + sid] == suite.to_bytes(2, "big")
+    found = dict(re.findall(r"\n    ([A-Z_0]+)\n      = ([0-9a-f]+)\n", out))
+    secrets = {label: bytes.fromhex(value) for label, value in found.items()}
+    assert sorted(secrets) == sorted(demo.KEY_LOG_LABELS)
+    digest, size = SUITES[suite]
+    for label, secret in secrets.items():
+        assert "%s\n      = %s\n      key %s  iv %s\n" % (
+            label, secret.hex(), expand_label(secret, b"key", size, digest).hex(),
+            expand_label(secret, b"iv", 12, digest).hex()) in out
+    c_rows = unseal_direction(c_wire, suite, secrets["CLIENT_HANDSHAKE_TRAFFIC_SECRET"],
+                              secrets["CLIENT_TRAFFIC_SECRET_0"])
+    s_rows = unseal_direction(s_wire, suite, secrets["SERVER_HANDSHAKE_TRAFFIC_SECRET"],
+                              secrets["SERVER_TRAFFIC_SECRET_0"])
+    request = ("GET %s HTTP/1.1\r\nHost: wt.test\r\nUser-Agent: Go-http-client/1.1\r\n"
+               "Connection: upgrade\r\nUpgrade: websocket\r\n\r\n" % path).encode()
+    kinds = {22: "handshake", 20: "change_cipher_spec", 23: "application_data"}
+    for heading, rows, head, name in (("client -> server", c_rows, request, "the upgrade request"),
+                                      ("server -> client", s_rows, SWITCHING, "the 101")):
+        table = out.split("Every record, %s" % heading, 1)[1].split("\n\n", 1)[0]
+        shown = re.findall(r"\n +(\d+)  (\w+) +(\d+)   (.*)", table)
+        assert [(int(o), t, int(n)) for o, t, n, _ in shown] == [(o, kinds[k], n) for o, k, n, *_ in rows]
+        data = b"".join(content for _, kind, _, inner, content in rows if kind == inner == 23)
+        assert data == head + demo.MESSAGE
+        assert rows[-1][3:] == (21, b"\x01\x00")                  # close_notify, then the FIN
+        assert shown[-1][3] == "alert: close_notify"
+        carried = [(row[4], text) for row, (*_, text) in zip(rows, shown) if row[1] == row[3] == 23]
+        assert carried[0][1] == "%d bytes: %s" % (len(head), name)
+        assert carried[1][1] == "%d bytes: %d bytes of the stream" % (len(demo.MESSAGE), len(demo.MESSAGE))
+    names = [text for *_, text in re.findall(r"\n +(\d+)  (\w+) +(\d+)   handshake: (\w+)", out)]
+    assert names[:5] == ["Finished", "EncryptedExtensions", "Certificate", "CertificateVerify", "Finished"]
+
+    # The upgrade and the stream, as printed, are the bytes that crossed.
+    upgrade = out.split("The upgrade, inside TLS", 1)[1]
+    for head in (request, SWITCHING):
+        lines = "".join("    %s\\r\\n\n" % line for line in head.decode().split("\r\n")[:-1])
+        assert lines in upgrade
+    at = int(re.search(r"one record, at offset (\d+) of its bytes", out).group(1))
+    assert hexdump_rows(out, "113 + 17 bytes, sealed:") == c_wire[at:at + 48]
+    assert unseal(suite, secrets["CLIENT_TRAFFIC_SECRET_0"], 1, c_wire[at:at + 5],
+                  c_wire[at + 5:at + 5 + 130]) == (23, demo.MESSAGE)
+    assert re.search(r"TLS record header 16 03 01 +offset 0 +offset 0: MATCH", out)
+    assert re.search(r"\n    exempt \(Ex[15]\)  popcount", out)
+    assert "OK: the message crossed the tunnel" in out
+
+
+def test_webtunnel_demo_over_http_shows_everything_in_clear(tmp_path):
+    status, out, err = run("demo", "--transport=webtunnel", "--transport-options=url=http://wt.test/s3cret",
+                           "--record-dir=" + str(tmp_path))
+    assert status == 0, err + out
+    c_wire, s_wire = wire(tmp_path)
+    request = (b"GET /s3cret HTTP/1.1\r\nHost: wt.test\r\nUser-Agent: Go-http-client/1.1\r\n"
+               b"Connection: upgrade\r\nUpgrade: websocket\r\n\r\n")
+    assert c_wire == request + demo.MESSAGE and s_wire == SWITCHING + demo.MESSAGE
+    assert "The upgrade, on the wire, in clear" in out and "ClientHello:" not in out
+    assert re.search(r'"the tunnel" +offset 102 +offset %d: MATCH' % (len(request) + 102), out)
+    assert "everything: the request with the secret path" in " ".join(out.split())
+
+
+def test_webtunnel_demo_refuses_options_it_would_ignore():
+    status, out, _ = run("demo", "--transport=webtunnel", "--transport-options=tls-cert=/etc/passwd")
+    assert status == 1
+    assert "FAILED" in out and "the webtunnel demo takes url= only" in out
+
+
+def test_a_webtunnel_value_that_does_not_check_out_fails_the_demo(monkeypatch):
+    """Wrong traffic keys (only the demo derives them with this name): no record opens,
+    so nothing after the ServerHello can be shown as checked. A ClientHello of another
+    library than the client's: the JA4 check fails."""
+    real = demo.hkdf_expand_label
+    monkeypatch.setattr(demo, "hkdf_expand_label",
+                        lambda secret, label, length, digest: real(secret, label + b"!", length, digest))
+    out = io.StringIO()
+    with redirect_stdout(out):
+        status = demo.main("webtunnel", {}, proxy.Settings("webtunnel"))
+    assert status == 1
+    assert re.search(r"FAILED: the record client -> server at offset \d+ did not open", out.getvalue())
+    assert "FAILED: the upgrade request" not in out.getvalue() and "OK:" not in out.getvalue()
+    monkeypatch.setattr(demo, "hkdf_expand_label", real)
+    other = ssl.create_default_context()          # no ALPN: another JA4
+    monkeypatch.setattr(demo.webtunnel, "default_client_context", lambda: other)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        status = demo.main("webtunnel", {}, proxy.Settings("webtunnel"))
+    assert status == 1
+    assert "FAILED: the demo client's JA4 is not that of webtunnel.default_client_context()" in out.getvalue()
+
+
+@pytest.mark.parametrize("host", ["wt.test", "127.0.0.1"])
+def test_the_demo_certificate_verifies_strictly_and_only_for_its_host(tmp_path, host):
+    """demo_certificates' DER, read by OpenSSL: a TLS handshake in memory verifies the
+    chain with X.509 strict checks (Python 3.13's default) for the host, and fails for another."""
+    ca, leaf, key = demo.demo_certificates(host)
+    (tmp_path / "leaf.pem").write_text(ssl.DER_cert_to_PEM_cert(leaf))
+    (tmp_path / "leaf.key").write_text(key.export_key(format="PEM"))
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(str(tmp_path / "leaf.pem"), str(tmp_path / "leaf.key"))
+    client_context = ssl.create_default_context(cadata=ca)
+    client_context.verify_flags |= ssl.VERIFY_X509_STRICT
+
+    def handshake(name):
+        c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+        client = client_context.wrap_bio(c_in, c_out, server_hostname=name)
+        server = server_context.wrap_bio(s_in, s_out, server_side=True)
+        for _ in range(10):
+            for side, outgoing, peer_in in ((client, c_out, s_in), (server, s_out, c_in)):
+                try:
+                    side.do_handshake()
+                except ssl.SSLWantReadError:
+                    pass
+                peer_in.write(outgoing.read())
+        return client.getpeercert()
+
+    subject = dict(pair[0] for pair in handshake(host)["subject"])
+    assert subject["commonName"] == host
+    with pytest.raises(ssl.SSLCertVerificationError):
+        handshake("other.test" if host == "wt.test" else "127.0.0.2")
+
+
 # --- docs/PROTOCOL.md -------------------------------------------------------------------
 
 def doc_example(name):
@@ -448,6 +677,44 @@ def test_detection_example_in_the_docs_is_real():
     assert verdicts["obfs4 after 6 printable bytes"] == "exempt (Ex2)"
     assert verdicts["obfs4 after 3 TLS-like bytes"] == "exempt (Ex5)"
     assert verdicts["obfs4 + 60 zero bytes"] == "exempt (Ex1)"
+
+
+def test_webtunnel_upgrade_example_in_the_docs_is_real():
+    script, shown = doc_example("webtunnel-upgrade-example")
+    assert run_script(script) == shown
+    # The request is the spec's, byte for byte; the 101 too; a probe never gets one.
+    rows = re.findall(r"^    [0-9a-f]{8}  ([0-9a-f ]+?) *\|", shown, re.M)
+    dumped = bytes.fromhex("".join(rows).replace(" ", ""))
+    request = (b"GET /k7Qm2Zx1c1b00b6 HTTP/1.1\r\nHost: wt.test\r\nUser-Agent: Go-http-client/1.1\r\n"
+               b"Connection: upgrade\r\nUpgrade: websocket\r\n\r\n")
+    assert dumped == request + SWITCHING
+    assert "client 203.0.113.9:60000" in shown
+    answers = re.findall(r"^probe .* -> (HTTP/1.1 \d\d\d)", shown, re.M)
+    assert answers == ["HTTP/1.1 404", "HTTP/1.1 404", "HTTP/1.1 400"]
+
+
+def test_webtunnel_address_example_in_the_docs_is_real():
+    script, shown = doc_example("webtunnel-address-example")
+    assert run_script(script) == shown
+    # The address the upstream Go server announced for this URL (shared/webtunnel-spec.md).
+    assert ("SMETHOD webtunnel [2001:db8:1ac9:9c21:b12c:aaf1:5042:4890]:443 "
+            "ARGS:url=https://wt.test/k7Qm2Zx1c1b00b6,ver=0.0.2\n") in shown
+
+
+def test_webtunnel_hello_example_in_the_docs_is_real():
+    script, shown = doc_example("webtunnel-hello-example")
+    assert run_script(script) == shown
+    # The recorded bytes are a ClientHello for wt.test, read here byte by byte, and the
+    # printed counts and lists are its own.
+    hello = bytes.fromhex("".join(re.findall(r'^    "([0-9a-f]+)"', script, re.M))) + bytes(215)
+    assert len(hello) == 5 + int.from_bytes(hello[3:5], "big") and client_hello_sni(hello) == "wt.test"
+    at = 44 + hello[43]                                         # after the session id
+    suites = hello[at + 2:at + 2 + int.from_bytes(hello[at:at + 2], "big")]
+    assert "cipher suites: %s\n" % " ".join(suites[i:i + 2].hex() for i in range(0, len(suites), 2)) in shown
+    assert re.search(r"^JA4   = t13d%02d12h1_" % (len(suites) // 2), shown, re.M)
+    ja3 = re.search(r"^JA3 string = (\S+)", shown, re.M).group(1)
+    assert "JA3        = %s\n" % hashlib.md5(ja3.encode()).hexdigest() in shown
+    assert re.search(r"^fully-encrypted test: exempt \(Ex[15]\)", shown, re.M)
 
 
 def test_the_docs_detect_output_has_the_output_contract():
