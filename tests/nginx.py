@@ -41,6 +41,7 @@ server {{
     server_name {server_name};
     ssl_certificate {cert_file};
     ssl_certificate_key {key_file};
+    ssl_protocols TLSv1.2 TLSv1.3;  # nginx 1.22 alone offers TLS 1.2 only; browsers expect 1.3
     access_log off;                 # keep no record of who visited
     server_tokens off;              # error pages without the nginx version
 
