@@ -464,7 +464,11 @@ def main(argv=None):
     if mode not in ("unmask", "detect") and hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)   # sockets: EPIPE is an error, not a death
     try:
-        return dispatch(args, mode)
+        status = dispatch(args, mode)
+        # What is still in the buffer goes now, while a reader that went away is
+        # still caught below; at exit its EPIPE would be lost (demo: status 0).
+        sys.stdout.flush()
+        return status
     except UsageError as exc:
         if mode == "managed":   # Tor reads only our stdout: tell it there
             print("ENV-ERROR bad command line: %s" % str(exc).replace("\n", " "), flush=True)
