@@ -63,7 +63,8 @@ Other options:
   --full                        unmask: print whole streams, not their first 512 bytes.
   --output-dir=DIR              unmask: also write the decrypted streams to DIR.
   --log-file=PATH               Write the log to PATH (owner-only) instead of stderr.
-  --log-min-severity=LEVEL      error, warning, notice, info or debug (default notice).
+  --log-min-severity=LEVEL      error, warning (or warn), notice, info or debug
+                                (default notice).
   --no-safe-logging             Show IP addresses in the log (scrubbed by default).
   -h --help                     Show this help (after a command: that command's).
   --version                     Show the version.
@@ -94,9 +95,17 @@ except ImportError as _missing:
              "requirements.txt, then run .venv/bin/python3 obfsproxy.py (offline machines: see the "
              "README's 'Offline machines')." % (_missing, sys.executable))
     if any(word in ("managed", "--managed") for word in sys.argv[1:]):
-        # Tor reads only our stdout: say it there, in pt-spec's words.
-        print("ENV-ERROR %s In the torrc, name the interpreter that has them: ClientTransportPlugin "
-              "obfs4 exec /path/to/.venv/bin/python3 /path/to/obfsproxy.py managed" % _text, flush=True)
+        # Tor reads only our stdout: say it there, in pt-spec's words, with the
+        # torrc line to write (this checkout's paths; only safe characters of
+        # Tor's variables, which must not start a line of their own).
+        _here = os.path.dirname(os.path.abspath(__file__))
+        _venv = os.path.join(_here, ".venv", "bin", "python3")
+        _server = os.environ.get("TOR_PT_SERVER_TRANSPORTS")
+        _names = re.sub(r"[^\w,]", "", _server or os.environ.get("TOR_PT_CLIENT_TRANSPORTS") or "") or "obfs4"
+        print("ENV-ERROR %s In the torrc, name the Python that has them: %sTransportPlugin %s exec %s %s "
+              "managed" % (_text, "Server" if _server else "Client", _names,
+                           _venv if os.path.exists(_venv) else "/path/to/.venv/bin/python3",
+                           os.path.join(_here, "obfsproxy.py")), flush=True)
     sys.exit("obfsproxy.py: " + _text)
 
 import listener
@@ -326,7 +335,8 @@ def run_external(args, mode):
     options.update(transport_options(args, name))
     if args["--state-dir"] and not getattr(cls, "uses_state_dir", False):
         keeping = [n for n, c in transports.TRANSPORTS.items() if getattr(c, "uses_state_dir", False)]
-        raise UsageError("--state-dir: %s keeps no state (only %s do)" % (name, ", ".join(keeping)))
+        raise UsageError("--state-dir: %s keeps no state (only %s %s)"
+                         % (name, ", ".join(keeping), "does" if len(keeping) == 1 else "do"))
     if mode == "server" or dest is not None:
         listen_text = args["<listen>"]
         if listen_text is None:
@@ -409,6 +419,8 @@ def explain_usage(argv):
     words = [word for word in argv if not word.startswith("-")]
     if words[:1] == ["server"] and not any(word.startswith("--dest") for word in argv):
         return "server needs --dest=HOST:PORT (where the plain stream goes) and the address to listen on"
+    if words == ["client"] and any(word.split("=", 1)[0] in ("--bridge", "--dest") for word in argv):
+        return "give the address to listen on after --bridge or --dest, e.g. 127.0.0.1:2222"
     known = re.findall(r"^\s+(-[-\w]+)", USAGE, re.MULTILINE)
     for word in argv:
         option = word.split("=", 1)[0]
@@ -452,7 +464,11 @@ def main(argv=None):
     if mode not in ("unmask", "detect") and hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)   # sockets: EPIPE is an error, not a death
     try:
-        return dispatch(args, mode)
+        status = dispatch(args, mode)
+        # What is still in the buffer goes now, while a reader that went away is
+        # still caught below; at exit its EPIPE would be lost (demo: status 0).
+        sys.stdout.flush()
+        return status
     except UsageError as exc:
         if mode == "managed":   # Tor reads only our stdout: tell it there
             print("ENV-ERROR bad command line: %s" % str(exc).replace("\n", " "), flush=True)

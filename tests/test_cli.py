@@ -25,6 +25,7 @@ import sys
 import time
 
 import pytest
+from fake_tor import ExtORPort, ManagedPT, client_env, write_cookie
 from peers import (
     Background,
     Destination,
@@ -51,6 +52,7 @@ from support import (
 )
 
 import obfs2
+import obfsproxy
 import transports
 
 KiB, MiB = 1024, 1024 * 1024
@@ -411,9 +413,37 @@ BAD_ARGUMENTS = {
     "server-proxy": (["server", "--proxy=socks5://127.0.0.1:1080", "--dest=127.0.0.1:1",
                       "127.0.0.1:0"], ["--proxy", "client"], []),
     "server-full": (["server", "--full", "--dest=127.0.0.1:1", "127.0.0.1:0"], ["--full", "unmask"], []),
+    # issue 20 (shared/findings/newcomer-3.md): what a newcomer got wrong, and was not told.
+    # D3: a transport that keeps no state ignored --state-dir (and obfs2 was the default).
+    "obfs2-state-dir": (["server", "--transport=obfs2", "--state-dir=x", "--dest=127.0.0.1:1", "127.0.0.1:0"],
+                        ["--state-dir", "obfs2", "obfs4"], []),
+    # D11: an obfs4 line edited to obfs3 kept its arguments, silently ignored.
+    "obfs3-bridge-with-arguments": (["client", "--bridge=obfs3 127.0.0.1:1 cert=AAAA iat-mode=0",
+                                     "127.0.0.1:0"], ["obfs3", "no arguments", "cert, iat-mode"], []),
+    # D12: unmask and detect read obfs2 whatever --transport said.
+    "unmask-transport": (["unmask", "--transport=obfs4", "x"], ["--transport", "unmask"], []),
+    "detect-transport": (["detect", "--transport=obfs4", "x"], ["--transport", "detect"], []),
+    # D15: the server's logged line pasted with its placeholders, or a made-up fingerprint.
+    "bridge-ip-placeholder": (["client", "--bridge=Bridge obfs4 <IP ADDRESS>:443 <FINGERPRINT> cert=AAAA "
+                               "iat-mode=0", "127.0.0.1:0"], ["replace the placeholder <IP ADDRESS>"], []),
+    "bridge-fingerprint-placeholder": (["client", "--bridge=Bridge obfs4 127.0.0.1:443 <FINGERPRINT> "
+                                        "cert=AAAA iat-mode=0", "127.0.0.1:0"],
+                                       ["<FINGERPRINT> is a placeholder", "40-hex", "leave it out"], []),
+    "bridge-not-a-fingerprint": (["client", "--bridge=obfs4 127.0.0.1:443 ABCDEFG cert=AAAA iat-mode=0",
+                                  "127.0.0.1:0"], ["'ABCDEFG'", "40-hex fingerprint", "KEY=VALUE"], []),
+    # D8 and F5: a bridge line without cert= or iat-mode= names what to add (never node-id).
+    "bridge-without-cert": (["client", "--bridge=obfs4 127.0.0.1:1 iat-mode=0", "127.0.0.1:0"],
+                            ["no cert= given"], ["node-id"]),
+    "bridge-without-iat-mode": (["client", "--bridge=obfs4 127.0.0.1:1 cert=" + "A" * 70, "127.0.0.1:0"],
+                                ["no iat-mode= given", "add iat-mode=0"], ["missing argument"]),
+    # F10: with --bridge the address to listen on is required (the usage line says so).
+    "bridge-without-listen": (["client", "--bridge=obfs4 127.0.0.1:1 cert=%s iat-mode=0" % ("A" * 70)],
+                              ["give the address to listen on"], []),
+    "log-severity-unknown": (["client", "--log-min-severity=loud", "127.0.0.1:0"],
+                             ["--log-min-severity", "warning"], []),
 }
 # Only a command line docopt cannot parse points to --help; a bad value or file does not.
-POINTS_TO_HELP = {"server-without-dest"}
+POINTS_TO_HELP = {"server-without-dest", "bridge-without-listen"}
 
 
 @pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
@@ -477,14 +507,19 @@ def recording(tmp_path_factory):
     return folder
 
 
-def into_closed_pipe(*args):
+def into_closed_pipe(*args, buffered=True):
     """Run with stdout a pipe whose reader has already gone: the program's
-    first write meets EPIPE, every time."""
+    first write meets EPIPE, every time. ``buffered``: stdout as Python makes
+    it for a pipe (the first write may then be the last flush, at exit), not
+    unbuffered as PYTHONUNBUFFERED=1 in the environment would make it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
     read, write = os.pipe()
     os.close(read)
     try:
         return subprocess.run([sys.executable, PROGRAM, *args], cwd=str(ROOT), stdin=subprocess.DEVNULL,
-                              stdout=write, stderr=subprocess.PIPE, timeout=60)
+                              stdout=write, stderr=subprocess.PIPE, timeout=60, env=env)
     finally:
         os.close(write)
 
@@ -506,12 +541,16 @@ def head(lines, *args):
 
 
 @needs_sigpipe
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["unmask", "--full", "{recording}"],
-                                  ["detect", "{recording}"]],
-                         ids=["help", "version", "unmask", "detect"])
-def test_printing_into_a_closed_pipe_ends_quietly(args, recording):
-    """Like any Unix tool: killed by SIGPIPE, nothing on stderr."""
-    result = into_closed_pipe(*[arg.format(recording=recording) for arg in args])
+                                  ["detect", "{recording}"], ["demo"], ["demo", "--transport=obfs2"]],
+                         ids=["help", "version", "unmask", "detect", "demo", "demo-obfs2"])
+def test_printing_into_a_closed_pipe_ends_quietly(args, recording, buffered):
+    """Like any Unix tool: killed by SIGPIPE, nothing on stderr. demo too (D5:
+    `demo | head -1` ended in a BrokenPipeError traceback; demo prints while it
+    serves, and serving modes ignore SIGPIPE; with its whole output still in
+    the buffer, it even ended with status 0, its output lost)."""
+    result = into_closed_pipe(*[arg.format(recording=recording) for arg in args], buffered=buffered)
     assert result.stderr == b"", result.stderr.decode("utf-8", "replace")
     assert result.returncode == -signal.SIGPIPE, result.returncode
 
@@ -572,6 +611,457 @@ def test_connection_log_lines_scrub_addresses(echo, procs, safe):
         else:
             assert any("127.0.0.1:" in line for line in lines), lines
             assert not any("[scrubbed]" in line for line in lines), lines
+
+
+# --- What a new user and a bridge operator meet, following the README (issue 20) ----------
+#
+# Each test names the item of the findings (shared/findings/newcomer-3.md) it keeps fixed:
+# D1..D17 are the defects, F1..F16 the frictions.
+
+README = ROOT / "README.md"
+
+
+def readme_section(title):
+    """The text of the README section whose heading is ``title`` (up to the next heading)."""
+    text = README.read_text(encoding="utf-8")
+    match = re.search(r"^#+ %s\n(.*?)(?=^#+ |\Z)" % re.escape(title), text, re.M | re.S)
+    assert match, "no section %r in the README" % title
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def bridge(tmp_path_factory, echo):
+    """An obfs4 server (the default transport) in front of the echo service, and
+    the bridge line it logged."""
+    state = tmp_path_factory.mktemp("bridge-state")
+    server = Program("server", "--state-dir=%s" % state, "--dest=" + fmt(echo.address), "127.0.0.1:0",
+                     "--log-min-severity=info")
+    with server:
+        line = server.log.wait_for(r"bridge line for clients: (Bridge obfs4 .*)$").group(1)
+        yield server, line, re.search(r"cert=(\S+)", line).group(1)
+
+
+def echo_through(client, data, bridge=None, args=None):
+    """``data`` through the client at ``client``, and what came back: with SOCKS
+    to ``bridge`` (``args``: the SOCKS arguments), or without (--bridge, --dest)."""
+    if bridge is None:
+        sock = socket.create_connection(client, timeout=IO_TIMEOUT)
+    else:
+        sock = socks5_connect(client, bridge, timeout=IO_TIMEOUT, args=args)
+    with sock:
+        send_and_shut(sock, data)
+        return recv_all(sock)
+
+
+def without_dependencies(*args, env=None):
+    """Run the program under this Python without its site-packages (``-S``) or
+    the environment's PYTHON* variables (``-I``): as Debian's python3 runs it
+    before the README's setup."""
+    return subprocess.run([sys.executable, "-I", "-S", PROGRAM, *args], cwd=str(ROOT),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, env=env)
+
+
+def test_the_readme_starts_with_two_commands_that_run_as_root_without_sudo():
+    """F1, F2: the first command began with `sudo`, which a container or a Debian
+    installed with a root password does not have (`sudo: command not found`, and
+    nothing else ran); and the warning that Debian's tor starts a system Tor
+    came after the command that installs it. (Issue 20 ran both commands on a
+    fresh Debian 12, as root and as a user with sudo; this keeps their shape.)"""
+    text = README.read_text(encoding="utf-8")
+    before, block = re.search(r"\A(.*?)^```\n(.*?)^```", text, re.M | re.S).groups()
+    commands = block.splitlines()
+    assert len(commands) == 2, commands
+    for command in commands:
+        assert command.startswith("SUDO=$(command -v sudo); "), command
+        assert not re.search(r"(^|[;&|]\s*)sudo\b", command), command
+    assert "apt-get install -y obfs4proxy tor " in commands[1]
+    assert "starts a system Tor service that connects to the Tor" in " ".join(before.split())
+
+
+def test_a_missing_dependency_says_how_to_set_up():
+    """D10: the README section the message names exists. By hand: one line on
+    stderr, exit 1, nothing on stdout."""
+    done = without_dependencies("client", "127.0.0.1:0")
+    assert done.returncode == 1 and done.stdout == "", done
+    line, = done.stderr.splitlines()
+    assert line.startswith("obfsproxy.py: missing dependency (No module named "), line
+    assert "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt" in line
+    heading = re.search(r"see the README's '([^']+)'", line).group(1)
+    text = README.read_text(encoding="utf-8")     # a heading, or a paragraph's bold label
+    assert re.search(r"^#+ %s$|\*\*%s:\*\*" % (re.escape(heading), re.escape(heading)), text, re.M), heading
+
+
+@pytest.mark.parametrize("role", ["client", "server"])
+def test_a_missing_dependency_in_managed_mode_reaches_tor_as_env_error(tmp_path, role):
+    """D2: Tor reads only our stdout, and logged only "terminated with status code 1".
+    Now it gets pt-spec's ENV-ERROR with the reason and the torrc line to write
+    (the plugin line of the role Tor asked for, and this checkout's obfsproxy.py)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOR_PT_")}
+    env.update(TOR_PT_MANAGED_TRANSPORT_VER="1", TOR_PT_STATE_LOCATION=str(tmp_path))
+    env["TOR_PT_%s_TRANSPORTS" % role.upper()] = "obfs4,obfs3"
+    done = without_dependencies("managed", env=env)
+    assert done.returncode == 1
+    line, = done.stdout.splitlines()
+    assert line.startswith("ENV-ERROR missing dependency (No module named "), line
+    venv = ROOT / ".venv" / "bin" / "python3"     # named when the checkout has one
+    shown = str(venv) if venv.exists() else "/path/to/.venv/bin/python3"
+    assert line.endswith("In the torrc, name the Python that has them: %sTransportPlugin obfs4,obfs3 exec "
+                         "%s %s managed" % (role.capitalize(), shown, PROGRAM)), line
+
+
+def test_the_default_transport_is_obfs4(echo, tmp_path, procs):
+    """D3, F8: a server started without --transport served obfs2 (read by any
+    observer, confirmed by any prober) and ignored --state-dir. The default is
+    obfs4 now, for every command; --state-dir with a transport that keeps no
+    state is refused (BAD_ARGUMENTS)."""
+    server = Program("server", "--state-dir=%s" % tmp_path, "--dest=" + fmt(echo.address), "127.0.0.1:0")
+    procs.append(server)
+    client = Program("client", "127.0.0.1:0")
+    procs.append(client)
+    assert server.log.lines[-1].endswith("obfs4 server listening on %s -> %s"
+                                         % (fmt(server.address), fmt(echo.address))), server.log.lines
+    assert client.log.lines[-1].endswith("obfs4 client listening on %s (SOCKS4/4a/5)" % fmt(client.address))
+    assert (tmp_path / "obfs4_state.json").is_file()
+    cert = server.log.wait_for(r"cert=(\S+) iat-mode=0$").group(1)
+    assert echo_through(client.address, b"obfs4 by default", server.address,
+                        "cert=%s;iat-mode=0" % cert) == b"obfs4 by default"
+
+
+def test_the_bridge_line_the_server_logs_pastes_into_the_client(bridge, procs):
+    """F3: a server on a specific address logs its line with that address and no
+    <FINGERPRINT> placeholder (a tunnel without Tor needs none): pasted as it
+    is into --bridge, it works."""
+    server, line, cert = bridge
+    assert line == "Bridge obfs4 %s cert=%s iat-mode=0" % (fmt(server.address), cert), line
+    client = Program("client", "--bridge=" + line, "127.0.0.1:0")
+    procs.append(client)
+    assert echo_through(client.address, b"pasted") == b"pasted"
+
+
+def test_a_wrong_cert_is_named_on_the_client(bridge, procs):
+    """D4: a wrong cert= shows only as a timeout (the bridge stays silent by
+    design), so the timeout itself says what to check."""
+    server, line, cert = bridge
+    wrong = ("A" if cert[0] != "A" else "B") + cert[1:]
+    client = Program("client", "--bridge=" + line.replace(cert, wrong), "--handshake-timeout=1",
+                     "127.0.0.1:0")
+    procs.append(client)
+    with socket.create_connection(client.address, timeout=IO_TIMEOUT) as app:
+        with pytest.raises(ConnectionResetError):
+            app.recv(1)
+    client.log.wait_for(r"\[NOTICE\] conn 1 \(\[scrubbed\]\): obfs4 handshake with the bridge \[scrubbed\] "
+                        r"failed: timed out \(no answer: a wrong cert=, or not an obfs4 bridge at that "
+                        r"address; ", timeout=IO_TIMEOUT)
+
+
+@pytest.mark.slow
+def test_a_probe_gets_silence_and_the_log_says_how_long(bridge):
+    """D4: the bridge closes a probe after 30 s plus its own delay, and its log
+    said "after 30 s" whatever the delay was, without the hint. Now the line
+    gives the real time the connection stayed open, and who sends such things."""
+    server, _, _ = bridge
+    with socket.create_connection(server.address, timeout=120) as probe:
+        probe.sendall(os.urandom(100))
+        opened = time.monotonic()
+        assert probe.recv(1) == b"", "the bridge answered a probe"
+        held = time.monotonic() - opened
+    said = server.log.wait_for(r"\[NOTICE\] conn \d+ \(\[scrubbed\]\): (handshake timed out: no obfs4 "
+                               r"handshake within 30 s .*; closed after (\d+) s)$", timeout=IO_TIMEOUT)
+    assert 30 <= held < 91, held
+    assert abs(int(said.group(2)) - held) <= 1.5, (said.group(0), held)
+    row, = [row for row in troubleshooting_rows() if row.startswith("handshake timed out")]
+    assert re.fullmatch(row_pattern(row), said.group(1)), (row, said.group(1))
+
+
+@pytest.mark.parametrize("defaults, per_connection", [
+    (["--cert={cert}"], "iat-mode=0"),
+    (["--iat-mode=1"], "cert={cert}"),
+], ids=["cert-default", "iat-mode-default"])
+def test_cert_and_iat_mode_defaults_each_alone(bridge, procs, defaults, per_connection):
+    """D6: "--cert and --iat-mode set defaults (SOCKS arguments override them)":
+    either one alone refused to start ("missing argument 'node-id'"). Now either
+    starts, and the SOCKS arguments bring the rest."""
+    server, _, cert = bridge
+    client = Program("client", "--transport=obfs4", *[arg.format(cert=cert) for arg in defaults],
+                     "127.0.0.1:0")
+    procs.append(client)
+    args = per_connection.format(cert=cert)
+    assert echo_through(client.address, b"defaults", server.address, args) == b"defaults"
+
+
+@needs_sigpipe
+@pytest.mark.parametrize("role", ["client", "server"])
+@pytest.mark.parametrize("how", ["second-sigint", "sigterm"])
+def test_stopping_now_resets_live_tunnels(echo, procs, role, how):
+    """D7: a second Ctrl-C (or SIGTERM) during a download gave the application a
+    clean end of stream: a truncated download looked complete. Stopping now
+    resets every live tunnel, on either end of it."""
+    server, client = start_tunnel(procs, "obfs2", echo.address)
+    stopped = {"client": client, "server": server}[role]
+    with connect(client, server.address) as app:
+        app.sendall(b"live")
+        assert recv_exact(app, 4) == b"live"
+        if how == "sigterm":
+            stopped.process.send_signal(signal.SIGTERM)
+        else:
+            stopped.process.send_signal(signal.SIGINT)
+            stopped.log.wait_for(r"stopped accepting; waiting for 1 live connection\(s\)")
+            stopped.process.send_signal(signal.SIGINT)
+        assert stopped.process.wait(IO_TIMEOUT) == 0
+        with pytest.raises(ConnectionResetError):
+            app.recv(1)
+
+
+def test_help_says_which_commands_take_the_state_dir():
+    """D13: unmask takes --state-dir (an obfs4 bridge's keys) and the help said
+    only "obfs4 server"."""
+    refused = run_cli("client", "--state-dir=x", "127.0.0.1:0").stderr
+    takers = re.search(r"only by ([\w, ]+)\)", refused).group(1).split(", ")
+    block = re.search(r"^  --state-dir=DIR .*?(?=^  -)", run_cli("--help").stdout, re.M | re.S).group(0)
+    assert takers == ["server", "unmask"] and all(name in block for name in takers), (takers, block)
+
+
+def test_each_command_has_its_own_help():
+    """F10: `COMMAND --help` printed the one global help. Now: that command's
+    usage lines (the client's with --bridge and a required <listen>) and only
+    the options it takes."""
+    client = run_cli("client", "--help")
+    assert client.returncode == 0
+    usage = client.stdout.split("\n\n", 1)[0].splitlines()
+    assert "  obfsproxy.py client [options] --bridge=LINE <listen>" in usage, usage
+    assert all(line.startswith(("Usage:", "  obfsproxy.py client ")) for line in usage), usage
+    # Which options each command takes: MODE_OPTIONS, by which check_modes refuses the others.
+    for command in obfsproxy.COMMANDS:
+        text = run_cli(command, "--help").stdout
+        options = set(re.findall(r"^  (--[\w-]+)", text, re.M))
+        takes = {option for option, modes in obfsproxy.MODE_OPTIONS.items() if command in modes}
+        assert options == takes | {"--version"}, (command, options ^ (takes | {"--version"}))
+
+
+@pytest.mark.parametrize("spelling", ["warn", "WARNING", "Warn"])
+def test_tor_spelling_of_the_warning_level_is_accepted(spelling):
+    """F9: Tor and obfs4proxy write `warn`; we refused it. At that level the
+    listening line is not said, but a failure to listen is."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        done = run_cli("client", "--log-min-severity=" + spelling, fmt(taken.getsockname()))
+    assert done.returncode == 1, done.stderr
+    assert re.fullmatch(r"\S+ \S+ \[ERROR\] cannot listen on 127\.0\.0\.1:\d+: Address already in use\n",
+                        done.stderr), done.stderr
+
+
+def test_the_program_is_executable():
+    """F11: obfsproxy.py has a shebang, and the README's commands may run it as
+    ./obfsproxy.py: the file (and so git's index) must have its run bit."""
+    assert os.access(PROGRAM, os.X_OK), "obfsproxy.py is not executable (git update-index --chmod=+x)"
+    with open(PROGRAM, encoding="utf-8") as f:
+        assert f.readline() == "#!/usr/bin/env python3\n"
+
+
+def test_secret_values_stay_out_of_the_log_and_the_log_file_is_owner_only(echo, tmp_path, procs):
+    """F14: the obfs2 secret read from a file (to keep it out of `ps`) was logged
+    in the bridge line, and the log file was readable by all."""
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret-of-the-bridge\n", encoding="utf-8")
+    log_file = tmp_path / "server.log"
+    log_file.write_text("")
+    os.chmod(log_file, 0o644)      # an older log left readable by all
+    server = Program("server", "--transport=obfs2", "--shared-secret-file=%s" % secret, FAST_SS,
+                     "--dest=" + fmt(echo.address), "127.0.0.1:0")
+    procs.append(server)
+    line = server.log.wait_for(r"bridge line for clients: (.*)$").group(1)
+    assert line == "Bridge obfs2 %s shared-secret=<as given> ss-hash-iterations=10" % fmt(server.address)
+    assert not any("s3cret" in said for said in server.log.lines)
+    with socket.create_server(("127.0.0.1", 0)) as taken:     # the client logs one error, and ends
+        done = run_cli("client", "--log-file=%s" % log_file, fmt(taken.getsockname()))
+    assert done.returncode == 1 and "cannot listen on" in log_file.read_text(encoding="utf-8")
+    assert (os.stat(log_file).st_mode & 0o777) == 0o600
+
+
+def test_iat_mode_stays_in_the_state_as_obfs4proxy_keeps_it(echo, tmp_path):
+    """F4, as the README says: a server started once with --iat-mode=2 keeps it
+    in its state (and its bridge line) when restarted without the option."""
+    args = ["server", "--state-dir=%s" % tmp_path, "--dest=" + fmt(echo.address), "127.0.0.1:0"]
+    with Program(*args, "--iat-mode=2") as first:
+        first.log.wait_for(r"bridge line for clients: .* iat-mode=2$")
+    with Program(*args) as again:
+        again.log.wait_for(r"bridge line for clients: .* iat-mode=2$")
+
+
+def test_a_managed_client_failure_reaches_tors_log(bridge, tmp_path):
+    """F6: under Tor, a wrong cert showed in Tor's log only as "Bootstrapped 2%";
+    the reason was in our own log file, at the default level. It is now also a
+    pt-spec LOG line on stdout, which Tor writes into its own log."""
+    server, _, cert = bridge
+    wrong = ("A" if cert[0] != "A" else "B") + cert[1:]
+    with ManagedPT(client_env(tmp_path, "obfs4"), "--handshake-timeout=1") as pt:
+        with pytest.raises(SocksReplyError):
+            socks5_connect(pt.cmethods["obfs4"], server.address, timeout=IO_TIMEOUT,
+                           args="cert=%s;iat-mode=0" % wrong).close()
+        pt.stdout.wait_for(r'^LOG SEVERITY=notice MESSAGE=".*obfs4 handshake with the bridge \[scrubbed\] '
+                           r'failed: timed out \(no answer: a wrong cert=', timeout=IO_TIMEOUT)
+
+
+# The README's Troubleshooting table, row by row: each row's log line is made
+# here by the mistake it describes, and must match what the program says, so
+# that the two cannot drift apart. In a row, "..." stands for any text, a lone
+# N for a number and an address for any address.
+
+def row_pattern(row):
+    pattern = ""
+    for piece in re.split(r"(\.\.\.|\bN\b|\d+\.\d+\.\d+\.\d+:\d+)", row):
+        if piece == "...":
+            pattern += ".*"
+        elif piece == "N":
+            pattern += r"\d+"
+        elif re.fullmatch(r"\d+\.\d+\.\d+\.\d+:\d+", piece or "x"):
+            pattern += r"\d+\.\d+\.\d+\.\d+:\d+"
+        else:
+            pattern += re.escape(piece)
+    return pattern
+
+
+def troubleshooting_rows():
+    """The log lines of the README's Troubleshooting table, as written there."""
+    section = readme_section("Troubleshooting")
+    return re.findall(r"^\| `([^`]+)` \|", section, re.M)
+
+
+def assert_said(lines, row):
+    """Some of the program's ``lines`` says the README ``row``."""
+    pattern = re.compile(row_pattern(row))
+    assert any(pattern.search(line) for line in lines), \
+        "the README row %r is not what the program says: %r" % (row, lines[-5:])
+
+
+class Scene:
+    """What a mistake is made with: the test's proxies (``procs``, stopped at
+    its end), the obfs4 ``bridge`` (server, line, cert), the ``echo`` service
+    and a folder of the test's own."""
+
+    def __init__(self, procs, bridge, echo, folder):
+        self.procs, self.echo, self.folder = procs, echo, folder
+        self.bridge, _, self.cert = bridge
+
+    def start(self, *args):
+        program = Program(*args)
+        self.procs.append(program)
+        return program
+
+    def wrong_cert(self):
+        return ("A" if self.cert[0] != "A" else "B") + self.cert[1:]
+
+
+def dest_down(scene):
+    with reserved_port() as nobody:
+        server, client = start_tunnel(scene.procs, "obfs2", nobody.getsockname())
+        with connect(client, server.address) as app:
+            with pytest.raises(ConnectionResetError):
+                app.recv(1)
+        server.log.wait_for(r"conn 1 ", timeout=IO_TIMEOUT)
+    return server.log.lines
+
+
+def bridge_refuses(scene):
+    with reserved_port() as nobody:
+        client = scene.start("client", "--bridge=obfs4 %s cert=%s iat-mode=0"
+                             % (fmt(nobody.getsockname()), scene.cert), "127.0.0.1:0")
+        with socket.create_connection(client.address, timeout=IO_TIMEOUT) as app:
+            with pytest.raises(ConnectionResetError):
+                app.recv(1)
+    client.log.wait_for(r"conn 1 ", timeout=IO_TIMEOUT)
+    return client.log.lines
+
+
+def socks_to_the_bridge(scene, args, *options):
+    """One SOCKS connection to the bridge with ``args``, which fails."""
+    client = scene.start("client", "--transport=obfs4", "127.0.0.1:0", *options)
+    with pytest.raises(SocksReplyError):
+        socks5_connect(client.address, scene.bridge.address, args=args, timeout=IO_TIMEOUT).close()
+    client.log.wait_for(r"conn 1 ", timeout=IO_TIMEOUT)
+    return client.log.lines
+
+
+def http_to_the_socks_port(scene):
+    client = scene.start("client", "127.0.0.1:0")
+    with socket.create_connection(client.address, timeout=IO_TIMEOUT) as app:
+        app.sendall(b"GET / HTTP/1.1\r\nHost: example.org\r\n\r\n")
+        assert recv_all(app) == b""
+    client.log.wait_for(r"conn 1 ", timeout=IO_TIMEOUT)
+    return client.log.lines
+
+
+def different_secret(scene):
+    server = scene.start("server", "--transport=obfs2", "--shared-secret=one", FAST_SS,
+                         "--dest=" + fmt(scene.echo.address), "127.0.0.1:0")
+    client = scene.start("client", "--transport=obfs2", "--shared-secret=two", FAST_SS, "127.0.0.1:0")
+    with pytest.raises(SocksReplyError):
+        connect(client, server.address).close()
+    server.log.wait_for(r"conn 1 ", timeout=IO_TIMEOUT)
+    return server.log.lines
+
+
+def too_many(scene):
+    server, client = start_tunnel(scene.procs, "obfs2", scene.echo.address, "--max-connections=1")
+    with connect(client, server.address) as first:
+        first.sendall(b"1")
+        assert recv_exact(first, 1) == b"1"
+        with socket.create_connection(client.address, timeout=IO_TIMEOUT) as second:
+            assert recv_all(second) == b""
+        client.log.wait_for(r"refusing a connection", timeout=IO_TIMEOUT)
+    return client.log.lines
+
+
+def port_taken(scene):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        return run_cli("client", fmt(taken.getsockname())).stderr.splitlines()
+
+
+def extended_orport_denies(scene):
+    cookie_file = scene.folder / "cookie"
+    with ExtORPort(write_cookie(cookie_file), answer="DENY") as ext:
+        server = scene.start("server", "--transport=obfs2", "--dest=" + fmt(ext.address),
+                             "--ext-cookie-file=%s" % cookie_file, "127.0.0.1:0")
+        client = scene.start("client", "--transport=obfs2", "127.0.0.1:0")
+        with connect(client, server.address) as app:
+            with pytest.raises(ConnectionResetError):
+                app.recv(1)
+        server.log.wait_for(r"conn 1 ", timeout=IO_TIMEOUT)
+    return server.log.lines
+
+
+# README row (its start) -> the mistake that makes the program say it (the lines it logged).
+TROUBLESHOOTING = {
+    "obfsproxy.py: missing dependency": lambda scene: without_dependencies("client").stderr.splitlines(),
+    "cannot listen on": port_taken,
+    "cannot reach the obfs4 bridge": bridge_refuses,
+    "obfs4 handshake with the bridge": lambda scene: socks_to_the_bridge(
+        scene, "cert=%s;iat-mode=0" % scene.wrong_cert(), "--handshake-timeout=1"),
+    "bad obfs4 arguments for [scrubbed]: no cert=": lambda scene: socks_to_the_bridge(scene, "iat-mode=0"),
+    "bad obfs4 arguments for [scrubbed]: no iat-mode=": lambda scene: socks_to_the_bridge(
+        scene, "cert=" + scene.cert),
+    "SOCKS: not a SOCKS4 or SOCKS5 client": http_to_the_socks_port,
+    "cannot reach --dest": dest_down,
+    # made by test_a_probe_gets_silence_and_the_log_says_how_long (slow: 30 to 90 s)
+    "handshake timed out: no obfs4 handshake": None,
+    "not obfs2: ": different_secret,
+    "Extended ORPort denied the connection": extended_orport_denies,
+    "refusing a connection": too_many,
+}
+
+
+def test_every_troubleshooting_row_is_made_by_a_test():
+    rows = troubleshooting_rows()
+    assert [start for start in TROUBLESHOOTING if any(row.startswith(start) for row in rows)] \
+        == list(TROUBLESHOOTING), rows
+    for row in rows:
+        assert [start for start in TROUBLESHOOTING if row.startswith(start)], \
+            "no test makes the README row %r" % row
+
+
+@pytest.mark.parametrize("start", [start for start, make in TROUBLESHOOTING.items() if make])
+def test_troubleshooting_rows_are_what_the_program_says(start, procs, bridge, echo, tmp_path):
+    row, = [row for row in troubleshooting_rows() if row.startswith(start)]
+    assert_said(TROUBLESHOOTING[start](Scene(procs, bridge, echo, tmp_path)), row)
 
 
 # --- Smoke -------------------------------------------------------------------
