@@ -109,7 +109,11 @@ class Program:
             self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
         self.log = LineReader(self.process.stderr)
-        match = self.log.wait_for(LISTENING.pattern)
+        try:
+            match = self.log.wait_for(LISTENING.pattern)
+        except BaseException:       # it never said where it listens: never leave it running
+            self.stop(timeout=2)
+            raise
         host = match.group(1).strip("[]")
         self.address = (host, int(match.group(2)))
 

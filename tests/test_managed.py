@@ -87,8 +87,8 @@ def test_bindaddrs_malformed(text):
 
 def test_transport_names():
     assert managed.parse_transports("obfs4,obfs2, obfs2,meek") == (["obfs4", "obfs2"], ["meek"])
-    assert managed.parse_transports("*") == (["obfs4", "obfs3", "obfs2", "dummy"], [])
-    assert managed.parse_transports("dummy,*") == (["dummy", "obfs4", "obfs3", "obfs2"], [])
+    assert managed.parse_transports("*") == (["webtunnel", "obfs4", "obfs3", "obfs2", "dummy"], [])
+    assert managed.parse_transports("dummy,*") == (["dummy", "webtunnel", "obfs4", "obfs3", "obfs2"], [])
     assert managed.parse_transports("") == ([], [])
 
 
@@ -248,17 +248,20 @@ def test_unknown_transports_are_ignored(tmp_path):
 
 def test_star_client_and_server_in_one_process(tmp_path):
     """`*` means every transport we have; our own clients tunnel to our own
-    servers, obfs4's client with the cert its server announced in ARGS."""
+    servers, obfs4's client with the cert its server announced in ARGS. webtunnel's
+    server needs its url= from ServerTransportOptions: without it, SMETHOD-ERROR
+    for it alone, as the upstream server says it."""
     payload = os.urandom(100_000)
     names = ["obfs4", "obfs3", "obfs2", "dummy"]
     with EchoServer() as echo:
         env = client_env(tmp_path, "*")
         env.update(server_env(tmp_path, echo.address, "*",
-                              ",".join("%s-127.0.0.1:0" % name for name in names)))
+                              ",".join("%s-127.0.0.1:0" % name for name in ["webtunnel"] + names)))
         with ManagedPT(env, mode="--managed") as pt:   # the older torrc spelling
-            assert pt.keywords() == ["VERSION"] + ["CMETHOD"] * 4 + ["CMETHODS DONE"] + \
-                ["SMETHOD"] * 4 + ["SMETHODS DONE"]
-            assert list(pt.cmethods) == list(pt.smethods) == names
+            assert pt.keywords() == ["VERSION"] + ["CMETHOD"] * 5 + ["CMETHODS DONE"] + \
+                ["SMETHOD-ERROR"] + ["SMETHOD"] * 4 + ["SMETHODS DONE"]
+            assert pt.stdout.lines[7] == "SMETHOD-ERROR webtunnel missing url parameter"
+            assert list(pt.cmethods) == ["webtunnel"] + names and list(pt.smethods) == names
             args = {f["name"]: f["args"] for k, f in pt.messages if k == "SMETHOD"}
             announced = args["obfs4"]
             assert re.fullmatch(r"cert=[A-Za-z0-9+/]{70},iat-mode=0", announced), announced
@@ -636,9 +639,11 @@ OPTION_ERRORS = {case["options"]: case for case in STATE_VECTORS["option_errors"
 @pytest.mark.parametrize("options", list(OPTION_ERRORS))
 def test_obfs4_option_errors_are_worded_like_obfs4proxy(tmp_path, options):
     """Bad obfs4 server options: the same stdout as obfs4proxy's, line for line
-    (vectors: option_errors); an unknown option is ignored. A missing part of the
-    identity writes no file; a bad iat-mode after a fresh identity writes only the
-    state file, as obfs4proxy does."""
+    (vectors: option_errors). One difference, on purpose: obfs4proxy ignores an
+    unknown option; we refuse it, naming it and the options obfs4 takes (an operator's
+    typo, "iat_mode=1", must not leave a bridge running with defaults it did not
+    choose). A missing part of the identity writes no file; a bad iat-mode after a
+    fresh identity writes only the state file, as obfs4proxy does."""
     case = OPTION_ERRORS[options]
     state = tmp_path / "server-state"
     options = options.replace("<40 hex>", "11" * 20)
@@ -647,9 +652,10 @@ def test_obfs4_option_errors_are_worded_like_obfs4proxy(tmp_path, options):
         if isinstance(case["stdout"], list):
             assert pt.stdout.lines == case["stdout"]
             assert pt.wait() == 1     # every transport failed: exit non-zero, like obfs4proxy
-        else:   # "normal SMETHOD line; unknown server options are ignored"
-            assert pt.keywords() == ["VERSION", "SMETHOD", "SMETHODS DONE"]
-            assert sorted(pt.args("obfs4")) == ["cert", "iat-mode"]
+        else:   # obfs4proxy: "normal SMETHOD line; unknown server options are ignored"
+            assert pt.stdout.lines[:3] == [
+                "VERSION 1", "SMETHOD-ERROR obfs4 unknown obfs4 argument(s): foo (an obfs4 server "
+                "takes node-id, private-key, drbg-seed, iat-mode)", "SMETHODS DONE"]
     files = sorted(path.name for path in state.iterdir() if path.name.startswith("obfs4_"))
     expected_files = {"obfs4:node-id": [], "obfs4:iat-mode=3": [OBFS4_STATE]}
     for prefix, names in expected_files.items():
@@ -664,7 +670,7 @@ OBFS4_SPLITS = ["uname only", "uname and passwd", "longer than uname", "socks4 u
 def test_obfs4_socks_arguments_however_tor_sends_them(tmp_path, split):
     """The cert reaches our managed obfs4 client whichever way the SOCKS request
     carries it: all in UNAME (PASSWD a lone NUL), cut anywhere between UNAME and
-    PASSWD, longer than UNAME (an unknown key makes it spill, as a long Bridge line
+    PASSWD, longer than UNAME (a long value makes it spill, as a long Bridge line
     does), or as a SOCKS4 USERID."""
     payload = os.urandom(100_000)
     with EchoServer() as echo:
@@ -678,7 +684,7 @@ def test_obfs4_socks_arguments_however_tor_sends_them(tmp_path, split):
             elif split == "uname and passwd":
                 sock, code = socks5_connect_split(socks, bridge, args[:40], args[40:])
             elif split == "longer than uname":
-                long_args = args + ";unknown-key=" + "x" * 250
+                long_args = args + ";iat-mode=" + "0" * 250   # as Go's Atoi, zeros lead a number
                 assert len(long_args) > 255
                 sock, code = socks5_connect_split(socks, bridge, long_args[:255], long_args[255:])
             else:
