@@ -26,6 +26,8 @@ from Crypto.Cipher import AES, ChaCha20_Poly1305
 from support import PROGRAM, ROOT, load_vectors
 
 import demo
+import demo_obfs
+import demo_webtunnel
 import proxy
 import tlswire
 from curve25519 import elligator2_direct
@@ -347,7 +349,7 @@ def test_obfs4_demo_shows_what_crossed_the_wire(tmp_path, iat_mode):
 def test_a_value_that_does_not_check_out_fails_the_demo(monkeypatch):
     """The demo's checks can fail: if it decoded the representatives wrongly (only the demo
     uses this name; the transports keep theirs), it says FAILED and exits with status 1."""
-    monkeypatch.setattr(demo, "elligator2_direct", lambda representative: bytes(range(32)))
+    monkeypatch.setattr(demo_obfs, "elligator2_direct", lambda representative: bytes(range(32)))
     out = io.StringIO()
     with redirect_stdout(out):
         status = demo.main("obfs4", {"iat-mode": "0"}, proxy.Settings("obfs4"))
@@ -361,8 +363,8 @@ def test_obfs3_demo_in_process_and_its_failure_path(monkeypatch):
     out = io.StringIO()
     with redirect_stdout(out):
         assert demo.main("obfs3", {}, proxy.Settings("obfs3")) == 0
-    real = demo.legendre   # a wrong Legendre symbol, whichever coin each side flipped
-    monkeypatch.setattr(demo, "legendre", lambda value: -real(value))
+    real = demo_obfs.legendre   # a wrong Legendre symbol, whichever coin each side flipped
+    monkeypatch.setattr(demo_obfs, "legendre", lambda value: -real(value))
     with redirect_stdout(out):
         assert demo.main("obfs3", {}, proxy.Settings("obfs3")) == 1
     assert "FAILED: a public value's Legendre symbol does not match its coin" in out.getvalue()
@@ -469,7 +471,7 @@ def test_webtunnel_demo_shows_what_crossed_the_wire(tmp_path):
     assert re.search(r"\n +0  server_name +wt\.test ", out)
     context = ssl.create_default_context()
     context.set_alpn_protocols(["http/1.1"])
-    reference = demo.in_memory_client_hello(context, "wt.test")
+    reference = demo_webtunnel.in_memory_client_hello(context, "wt.test")
     assert "JA4 = %s " % tlswire.ja4(tlswire.hello(reference)) in out
     assert tlswire.ja4(tlswire.hello(reference)) == tlswire.ja4(tlswire.hello(c_wire))
 
@@ -479,7 +481,7 @@ def test_webtunnel_demo_shows_what_crossed_the_wire(tmp_path):
     assert s_wire[44 + sid:46 + sid] == suite.to_bytes(2, "big")
     found = dict(re.findall(r"\n    ([A-Z_0]+)\n      = ([0-9a-f]+)\n", out))
     secrets = {label: bytes.fromhex(value) for label, value in found.items()}
-    assert sorted(secrets) == sorted(demo.KEY_LOG_LABELS)
+    assert sorted(secrets) == sorted(demo_webtunnel.KEY_LOG_LABELS)
     digest, size = SUITES[suite]
     for label, secret in secrets.items():
         assert "%s\n      = %s\n      key %s  iv %s\n" % (
@@ -544,8 +546,8 @@ def test_a_webtunnel_value_that_does_not_check_out_fails_the_demo(monkeypatch):
     """Wrong traffic keys (only the demo derives them with this name): no record opens,
     so nothing after the ServerHello can be shown as checked. A ClientHello of another
     library than the client's: the JA4 check fails."""
-    real = demo.hkdf_expand_label
-    monkeypatch.setattr(demo, "hkdf_expand_label",
+    real = demo_webtunnel.hkdf_expand_label
+    monkeypatch.setattr(demo_webtunnel, "hkdf_expand_label",
                         lambda secret, label, length, digest: real(secret, label + b"!", length, digest))
     out = io.StringIO()
     with redirect_stdout(out):
@@ -553,9 +555,9 @@ def test_a_webtunnel_value_that_does_not_check_out_fails_the_demo(monkeypatch):
     assert status == 1
     assert re.search(r"FAILED: the record client -> server at offset \d+ did not open", out.getvalue())
     assert "FAILED: the upgrade request" not in out.getvalue() and "OK:" not in out.getvalue()
-    monkeypatch.setattr(demo, "hkdf_expand_label", real)
+    monkeypatch.setattr(demo_webtunnel, "hkdf_expand_label", real)
     other = ssl.create_default_context()          # no ALPN: another JA4
-    monkeypatch.setattr(demo.webtunnel, "default_client_context", lambda: other)
+    monkeypatch.setattr(demo_webtunnel.webtunnel, "default_client_context", lambda: other)
     out = io.StringIO()
     with redirect_stdout(out):
         status = demo.main("webtunnel", {}, proxy.Settings("webtunnel"))
@@ -567,7 +569,7 @@ def test_a_webtunnel_value_that_does_not_check_out_fails_the_demo(monkeypatch):
 def test_the_demo_certificate_verifies_strictly_and_only_for_its_host(tmp_path, host):
     """demo_certificates' DER, read by OpenSSL: a TLS handshake in memory verifies the
     chain with X.509 strict checks (Python 3.13's default) for the host, and fails for another."""
-    ca, leaf, key = demo.demo_certificates(host)
+    ca, leaf, key = demo_webtunnel.demo_certificates(host)
     (tmp_path / "leaf.pem").write_text(ssl.DER_cert_to_PEM_cert(leaf))
     (tmp_path / "leaf.key").write_text(key.export_key(format="PEM"))
     server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -1,0 +1,249 @@
+"""demo_base.py: the demo's machinery, shared by its walks (demo.py says what the
+demo is): one connection run in this process with each side's wire recorded
+(``run_exchange``: an echo service, a server and a SOCKS client on 127.0.0.1), and
+the helpers every walk prints and checks with (``Walk``)."""
+
+import dataclasses
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import listener
+import obfs3
+import obfs4
+import outbound
+import present
+import proxy
+import transports
+from outbound import format_address
+
+MESSAGE = (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+           b" <- a TLS ClientHello starts like this; a DPI box matches it. "
+           b"Hello from the other side of the tunnel!")
+SIGNATURES = [("TLS record header 16 03 01", b"\x16\x03\x01"), ('"ClientHello"', b"ClientHello"),
+              ('"the tunnel"', b"the tunnel")]
+SHOW_FRAMES = 6           # frames listed per direction
+
+
+# --- Running one connection ------------------------------------------------------------
+
+class Wire:
+    """One side of the demo connection: its transport, and what it put on the wire,
+    piece by piece (each start(), data_to_send(), send() result or paced piece)."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self.pieces, self.delays = [], []
+        self.received = bytearray()
+        self.secret = None        # obfs4: the ephemeral private key, kept by the demo only
+
+    def sent_piece(self, data):
+        if data:
+            self.pieces.append(bytes(data))
+
+    @property
+    def sent(self):
+        return b"".join(self.pieces)
+
+
+class _Recorder(transports.Recorder):
+    """``transports.Recorder`` that also keeps the delays of paced pieces."""
+
+    def __init__(self, inner, wire):
+        transports.Recorder.__init__(self, inner, wire.sent_piece, wire.received.extend)
+        self.wire = wire
+
+    def send_paced(self, data):
+        pieces = transports.Recorder.send_paced(self, data)
+        self.wire.delays.extend(delay for _, delay in pieces)
+        return pieces
+
+
+class Tap:
+    """Keeps each new transport's wire bytes in memory (the same wrapper as
+    --record-dir): ``Settings(wrappers=(Tap(),))``; ``taps`` lists a ``Wire`` per transport."""
+
+    def __init__(self):
+        self.taps = []
+
+    def __call__(self, transport):
+        wire = Wire(transport)
+        self.taps.append(wire)
+        inner = transports.innermost(transport)    # under --record-dir's recorder, if any
+        if isinstance(inner, obfs4.Obfs4):
+            keep_secret(inner.config, wire)
+        return _Recorder(transport, wire)
+
+
+def keep_secret(config, wire):
+    """obfs4 erases its ephemeral private key once ntor is done (forward secrecy),
+    so the demo keeps a copy as the key is made: through the config's injectable
+    key source (``config.keypairs``, which runs only without a pool: the demo's
+    listener has none). A real tunnel keeps no such copy anywhere."""
+    make = config.keypairs or (lambda: obfs4.generate_keypair(config.randbytes))
+
+    def keypairs():
+        keypair = make()
+        wire.secret = keypair[0]
+        return keypair
+    config.keypairs = keypairs
+
+
+innermost = transports.innermost
+
+
+def echo_service():
+    """A plain TCP echo on 127.0.0.1: returns (address, listening socket)."""
+    echo = listener.listen(("127.0.0.1", 0))
+
+    def serve_one(conn):
+        with conn:
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                conn.sendall(data)
+
+    def accept_loop():
+        while True:
+            try:
+                conn, _ = echo.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+    return echo.getsockname()[:2], echo
+
+
+@dataclasses.dataclass
+class Exchange:
+    """What one demo connection left behind."""
+
+    echoed: bytes
+    client: Wire
+    server: Wire
+    addresses: tuple          # (echo, server, SOCKS client)
+    seconds: float
+    announce: dict            # the server's bridge-line arguments (obfs4: cert, iat-mode)
+    stage: "Stage"            # what was set up around the connection (webtunnel: its certificate)
+
+
+class Stage:
+    """What a transport needs around the demo connection, beyond its options: by
+    default nothing. ``server_options`` go to ``server_config``; ``client_side``
+    gives the client's settings and the SOCKS target, once the server listens;
+    ``finish`` reads what the connection left behind (webtunnel: the key log)."""
+
+    def __init__(self, options, directory):
+        self.server_options = dict(options)
+        self.target = None
+
+    def client_side(self, settings, cls, server_config, announce, server_address):
+        options = dict(self.server_options, **announce)   # the bridge line's arguments
+        self.target = server_address
+        return dataclasses.replace(settings, options=options), server_address
+
+    def finish(self):
+        pass
+
+
+def run_exchange(name, options, settings, stage_class=None):
+    """Echo, server and client on 127.0.0.1; send MESSAGE through them. ``stage_class``:
+    what the transport needs around the connection (default ``Stage``: nothing)."""
+    cls = transports.transport_class(name)
+    state = tempfile.TemporaryDirectory(prefix="obfsproxy-demo-")   # obfs4's keys, the demo's certificate
+    try:
+        stage = (stage_class or Stage)(options, Path(state.name))
+        server_config, announce = cls.server_config(stage.server_options, Path(state.name))
+        echo_address, echo_listener = echo_service()
+        server_tap, client_tap = Tap(), Tap()
+        server_settings = dataclasses.replace(settings, transport=name, config=server_config,
+                                              dest=echo_address, wrappers=settings.wrappers + (server_tap,))
+        tunnels = listener.Listener(pool_size=0)   # every key made on the spot, and seen (keep_secret)
+        try:
+            server_address = tunnels.listen(("127.0.0.1", 0), proxy.handle_server, server_settings)
+            client_settings, target = stage.client_side(
+                dataclasses.replace(settings, transport=name, wrappers=settings.wrappers + (client_tap,)),
+                cls, server_config, announce, server_address)
+            client_address = tunnels.listen(("127.0.0.1", 0), proxy.handle_socks_client, client_settings)
+            threading.Thread(target=tunnels.serve, daemon=True).start()
+            started = time.perf_counter()
+            with outbound.connect_via_proxy("socks5://" + format_address(client_address),
+                                            target, outbound.Deadline(30)) as sock:
+                sock.settimeout(30)
+                sock.sendall(MESSAGE)
+                sock.shutdown(socket.SHUT_WR)
+                echoed = b""
+                while True:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    echoed += chunk
+            seconds = time.perf_counter() - started
+        finally:
+            tunnels.stop()
+            echo_listener.close()
+        stage.finish()
+    finally:
+        state.cleanup()
+    return Exchange(echoed, client_tap.taps[0], server_tap.taps[0],
+                    (echo_address, server_address, client_address), seconds, announce, stage)
+
+
+# --- Printing ----------------------------------------------------------------------------
+
+class Walk:
+    """One demo connection and the helpers every walk-through uses."""
+
+    def __init__(self, name, exchange, style):
+        self.name, self.exchange, self.style = name, exchange, style
+        self.client = innermost(exchange.client.transport)
+        self.server = innermost(exchange.server.transport)
+        self.c_sent, self.s_sent = exchange.client.sent, exchange.server.sent
+        self.problems = []
+        self.section = 0
+        self.observed = name      # which OBSERVER entry ends the walk
+
+    def title(self, text):
+        self.section += 1
+        print("\n" + self.style("title", "%d. %s" % (self.section, text)))
+
+    def check(self, ok, problem):
+        if not ok:
+            self.problems.append(problem)
+        return ok
+
+    def dump(self, data, kind="wire", limit=48):
+        for line in present.hexdump(data, limit):
+            print(self.style(kind, line))
+
+    def field(self, offset, length, name, wire, meaning):
+        print(present.field_row(offset, length, name, wire, meaning, self.style))
+
+
+def hexblock(data, indent="      ", width=32):
+    """Every byte of ``data`` in hex, ``width`` bytes a line."""
+    return "\n".join(indent + data[i:i + width].hex() for i in range(0, len(data), width))
+
+
+def ephemeral_secret(wire):
+    """The private key a side made and never sent (obfs3: the exponent x or y, still
+    in its transport object; obfs4: the X25519 scalar, which the transport erased
+    after the handshake and the demo's tap copied). Only a demo, holding both ends,
+    has it."""
+    transport = innermost(wire.transport)
+    return transport._x if isinstance(transport, obfs3.Obfs3) else wire.secret
+
+
+def application_bytes(walk, c_data, s_data, how_c, how_s):
+    """The message in clear, and as each side put it on the wire."""
+    walk.title("The first application bytes")
+    print("  the application sent %d bytes, in clear:" % len(MESSAGE))
+    walk.dump(MESSAGE, "clear")
+    print("  the client sent them as %s:" % how_c)
+    walk.dump(c_data)
+    print("  the echo came back; the server sent it as %s:" % how_s)
+    walk.dump(s_data)
