@@ -108,12 +108,21 @@ except ImportError as _missing:
                            os.path.join(_here, "obfsproxy.py")), flush=True)
     sys.exit("obfsproxy.py: " + _text)
 
-import listener
-import outbound
-import pool
-import proxy
-import socks
-import transports
+import accel
+
+try:   # importing the transports proves each crypto route by its known answers
+    import listener
+    import outbound
+    import pool
+    import proxy
+    import socks
+    import transports
+except accel.KnownAnswerError as _wrong:
+    # A primitive with no fallback gave a wrong answer: refuse to run it, and say so
+    # where the user (or Tor) will read it.
+    if any(word in ("managed", "--managed") for word in sys.argv[1:]):
+        print("ENV-ERROR %s" % _wrong, flush=True)
+    sys.exit("obfsproxy.py: %s" % _wrong)
 
 __version__ = "0.3.0"
 COMMANDS = ("client", "server", "demo", "managed", "unmask", "detect")
@@ -383,6 +392,10 @@ def run_external(args, mode):
         log.warning("the SOCKS port %s is reachable from other machines: anyone who "
                     "can reach it can use your tunnel. Bind to 127.0.0.1 unless you "
                     "mean it.", outbound.format_address(bound))
+    if handler is proxy.handle_fixed_client and hasattr(cls, "routes"):
+        # Where the transport dials, not the bridge line's address (webtunnel's is a
+        # placeholder): its first route.
+        dest = cls.routes(settings.client_config(), dest)[0][0]
     log.log(proxy.NOTICE, "%s %s listening on %s%s", name, mode, outbound.format_address(bound),
             " (SOCKS4/4a/5)" if handler is proxy.handle_socks_client else
             " -> %s" % outbound.format_address(dest))

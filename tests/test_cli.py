@@ -1076,3 +1076,14 @@ def test_smoke_obfs2_tunnel_round_trip():
                 sock.shutdown(1)
                 got = recv_all(sock)
     assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
+
+
+def test_a_webtunnel_bridge_line_client_says_where_it_really_dials():
+    """The bridge line's address is a placeholder (the synthetic 2001:db8:: one): the
+    startup line names the host of url=, which is what the client dials."""
+    line = ("webtunnel [2001:db8::1]:443 0123456789ABCDEF0123456789ABCDEF01234567 "
+            "url=https://wt.example:8443/secret ver=0.0.2")
+    with Program("client", "--bridge=" + line, "127.0.0.1:0") as client:
+        started = [text for text in client.log.lines if "listening on" in text]
+    assert started and started[0].endswith("webtunnel client listening on %s -> wt.example:8443"
+                                           % fmt(client.address)), started

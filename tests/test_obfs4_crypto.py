@@ -796,6 +796,25 @@ def test_importing_with_a_broken_salsa20_fails_loudly():
     assert "KnownAnswerError" in result.stderr and "refusing to run" in result.stderr
 
 
+@pytest.mark.parametrize("mode", ["client", "managed"])
+def test_the_program_refuses_to_run_a_broken_salsa20_in_one_line(mode, tmp_path):
+    """The command line says it once, without a traceback; in managed mode on stdout
+    too, as ENV-ERROR, where Tor reads it."""
+    run = ("import sys\nfrom Crypto.Cipher import Salsa20\n"
+           "real = Salsa20.new\n"
+           "class Broken:\n"
+           "    def __init__(self, cipher): self.cipher = cipher\n"
+           "    def encrypt(self, data): return bytes(a ^ 1 for a in self.cipher.encrypt(data))\n"
+           "    def seek(self, position): self.cipher.seek(position)\n"
+           "Salsa20.new = lambda **kw: Broken(real(**kw))\n"
+           "sys.argv = ['obfsproxy.py', %r, '127.0.0.1:0']\n"
+           "import runpy\nrunpy.run_path('obfsproxy.py', run_name='__main__')\n" % mode)
+    result = run_python(run, TOR_PT_MANAGED_TRANSPORT_VER="1", TOR_PT_STATE_LOCATION=str(tmp_path))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().startswith("obfsproxy.py: pycryptodome's Salsa20 gave a wrong known answer")
+    assert ("ENV-ERROR pycryptodome's Salsa20" in result.stdout) == (mode == "managed"), result.stdout
+
+
 def test_obfsproxy_crypto_portable_picks_no_pynacl_route():
     result = run_python("import json, obfs4_crypto as c; print(json.dumps([c.routes(), c.route_report()]))",
                         OBFSPROXY_CRYPTO="portable")
