@@ -156,7 +156,13 @@ def split_escaped(text, separator):
 
         split_escaped(r"obfs2:shared-secret=a\;b;x:k=v", ";")
             -> ["obfs2:shared-secret=a\;b", "x:k=v"]
+
+    Without a backslash this is ``str.split``, which is what most texts take
+    (an obfs4 bridge's ``cert=...;iat-mode=0`` on every SOCKS request: the
+    character loop below cost a client ~30 us a connection).
     """
+    if "\\" not in text:
+        return text.split(separator)
     parts, current, i = [], [], 0
     while i < len(text):
         if text[i] == "\\":
@@ -177,6 +183,8 @@ def split_escaped(text, separator):
 
 def unescape(text):
     r"""Drop each escaping backslash: ``a\;b\\c`` -> ``a;b\c``."""
+    if "\\" not in text:
+        return text
     return re.sub(r"\\(.)", r"\1", text, flags=re.DOTALL)
 
 
