@@ -245,6 +245,7 @@ class Listener:
         log.debug("%s: accepted", tunnel.name)
         try:
             outbound.tune(tunnel.conn)
+            tunnel.conn.setblocking(False)    # from here to close (outbound.send_all says why)
             relay = handler(tunnel.conn, tunnel.settings, tunnel)
         except Exception as exc:
             self._end(tunnel, exc)

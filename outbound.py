@@ -3,8 +3,8 @@
 Everything that opens or speaks on an *outgoing* connection lives here, so
 that the proxy core only says "connect me to X":
 
-* ``Deadline``, ``send_all``, ``recv_exact``: blocking socket steps bounded by
-  one deadline for a whole handshake.
+* ``Deadline``, ``send_all``, ``recv_within``, ``recv_exact``: socket steps
+  bounded by one deadline for a whole handshake.
 * ``connect`` and ``open_connection``: TCP connect under that deadline, from
   Tor's outbound bind address, then ``tune`` (TCP_NODELAY, keepalive).
 * the outgoing-proxy client (``TOR_PT_PROXY`` or ``--proxy``): SOCKS5
@@ -27,6 +27,7 @@ import hmac
 import ipaddress
 import os
 import re
+import select
 import socket
 import struct
 import sys
@@ -51,22 +52,71 @@ class Deadline:
         return left
 
 
+# The steps below take a socket in either mode. The proxy's own sockets are
+# non-blocking from accept (or connect) to close: a step tries the call first
+# and waits in poll() only when the call would block. In timeout mode (a caller's
+# socket), every step set the time left as the timeout (an ioctl) and CPython
+# polled before every call, ready or not: three system calls where one does.
+# Either way, a step starts only while the deadline has not passed.
+
 def send_all(sock, data, deadline):
-    if data:
+    """Send all of ``data`` before the deadline (socket.timeout when it passes)."""
+    if not data:
+        return
+    if sock.gettimeout() != 0.0:
         sock.settimeout(deadline.remaining())
         sock.sendall(data)
+        return
+    view = memoryview(data)
+    while view:
+        deadline.remaining()
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            wait_until_ready(sock, deadline, write=True)
+
+
+def recv_within(sock, size, deadline):
+    """Up to ``size`` bytes, as soon as some come before the deadline; b"" at EOF."""
+    if sock.gettimeout() != 0.0:
+        sock.settimeout(deadline.remaining())
+        return sock.recv(size)
+    while True:
+        deadline.remaining()
+        try:
+            return sock.recv(size)
+        except BlockingIOError:
+            wait_until_ready(sock, deadline)
 
 
 def recv_exact(sock, n, deadline, error):
     """Exactly ``n`` bytes, or ``error`` (an exception class) if the peer closes first."""
     data = b""
     while len(data) < n:
-        sock.settimeout(deadline.remaining())
-        chunk = sock.recv(n - len(data))
+        chunk = recv_within(sock, n - len(data), deadline)
         if not chunk:
             raise error("the connection closed in the middle of the handshake")
         data += chunk
     return data
+
+
+def wait_until_ready(sock, deadline, write=False):
+    """Wait until the non-blocking ``sock`` can be read (or written), or raise
+    socket.timeout when the deadline passes first, as a socket in timeout mode would."""
+    if not _ready(sock, write, deadline.remaining()):
+        raise socket.timeout("timed out")
+
+
+if hasattr(select, "poll"):
+    def _ready(sock, write, seconds):
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT if write else select.POLLIN)
+        return bool(poller.poll(seconds * 1000))
+else:   # Windows: select() (one socket, so its limit on descriptors does not matter)
+    def _ready(sock, write, seconds):
+        readable, writable, _ = select.select(() if write else (sock,), (sock,) if write else (),
+                                              (), seconds)
+        return bool(readable or writable)
 
 
 # --- Addresses ------------------------------------------------------------------

@@ -280,8 +280,9 @@ class Relay:
         self.initial = (to_upstream, to_downstream)
         self.registered = {upstream: 0, downstream: 0}
         self.unwatched = []
-        upstream.setblocking(False)
-        downstream.setblocking(False)
+        for sock in (upstream, downstream):
+            if sock.gettimeout() != 0.0:    # the proxy's sockets are non-blocking already
+                sock.setblocking(False)
 
     def _receive_then_owe(self, receive):
         """Receiving may make the transport owe the peer bytes (TLS key updates and
