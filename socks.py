@@ -70,6 +70,7 @@ splitting step under it (TOR_PT_SERVER_TRANSPORT_OPTIONS).
 
 import ipaddress
 import re
+import socket
 import string
 import struct
 import unicodedata
@@ -382,9 +383,17 @@ def socks5_reply_length(head):
 
 def _socks5_reply(code, host="0.0.0.0", port=0):
     """VER=05 REP RSV=00 ATYP BND.ADDR BND.PORT"""
+    if host == "0.0.0.0" and port == 0 and code in _SOCKS5_REPLIES:    # every reply of ours
+        return _SOCKS5_REPLIES[code]
     address = ipaddress.ip_address(host)
     atyp = ATYP_IPV4 if address.version == 4 else ATYP_IPV6
     return struct.pack("!BBBB", SOCKS5_VERSION, code, 0, atyp) + address.packed + struct.pack("!H", port)
+
+
+# Each reply code's answer with BND 0.0.0.0:0, made once (parsing the address for
+# every answer cost more than the rest of a SOCKS5 exchange).
+_SOCKS5_REPLIES = {code: struct.pack("!BBBB4sH", SOCKS5_VERSION, code, 0, ATYP_IPV4, b"\0" * 4, 0)
+                   for code in range(256)}
 
 
 def _socks4_reply(granted):
@@ -494,7 +503,7 @@ class SocksServer:
         if socks4a:
             host = self._hostname(raw_host, "SOCKS4a host name")
         else:
-            host = str(ipaddress.IPv4Address(ip))
+            host = socket.inet_ntoa(ip)          # dotted decimal, as ipaddress writes it
         self._check_target_port(port)
         args = self._parse_args(userid, self.reply(GENERAL_FAILURE))
         self._finish(host, port, args, consumed)
@@ -568,7 +577,8 @@ class SocksServer:
         if atyp == ATYP_DOMAIN:
             host = self._hostname(bytes(b[5:end]), "SOCKS5 domain name")
         else:
-            host = str(ipaddress.ip_address(bytes(b[4:end])))
+            raw = bytes(b[4:end])
+            host = socket.inet_ntoa(raw) if atyp == ATYP_IPV4 else str(ipaddress.IPv6Address(raw))
         port = struct.unpack("!H", b[end:end + 2])[0]
         self._check_target_port(port)
         self._finish(host, port, self._args, end + 2)
