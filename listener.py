@@ -110,10 +110,15 @@ class Listener:
         self._complaints = {}         # (kind, text) -> [when last said, how many not said since]
         self._jobs = queue.SimpleQueue()  # connections for the waiting threads
         self._waiting = 0             # threads waiting for a job and not yet given one
+        self._inherits_tuning = None  # do accepted sockets get the listener's options? (None: not seen yet)
 
     def listen(self, address, handler, settings):
         sock = listen(address)
         sock.setblocking(False)
+        try:
+            outbound.tune(sock)       # for the connections it accepts, where the OS copies options
+        except OSError:
+            self._inherits_tuning = False
         config = settings.config
         if handler.initiator:
             try:
@@ -244,7 +249,10 @@ class Listener:
         """The handshake, on this thread; then the relay goes to a pump."""
         log.debug("%s: accepted", tunnel.name)
         try:
-            outbound.tune(tunnel.conn)
+            if self._inherits_tuning is None:
+                self._inherits_tuning = outbound.tuned(tunnel.conn)
+            if not self._inherits_tuning:
+                outbound.tune(tunnel.conn)
             tunnel.conn.setblocking(False)    # from here to close (outbound.send_all says why)
             relay = handler(tunnel.conn, tunnel.settings, tunnel)
         except Exception as exc:
