@@ -162,7 +162,12 @@ class _Direction:
 
     def pump(self):
         """Write what is pending, then read, transform and write more chunks
-        until ``src`` has nothing, ``dst`` is full, or BURST chunks went."""
+        until ``src`` has nothing, ``dst`` is full, or BURST chunks went.
+
+        A read that did not fill the buffer emptied the socket: the next read
+        waits for the selector (level-triggered, so nothing is missed) instead
+        of costing a system call and a BlockingIOError on the spot; a tunnel
+        carrying small messages reads each one with one recv."""
         for _ in range(BURST):
             if not self.write() or not self.reading():
                 return
@@ -194,6 +199,8 @@ class _Direction:
             if not self.counts_output:
                 self.count += size
             self.take(out, buffer)
+            if size < len(buffer):
+                break
         self.write()
 
     def write(self):
@@ -507,7 +514,7 @@ class Pump:
     @staticmethod
     def _drain_wake(sock):
         try:
-            while sock.recv(4096):
+            while len(sock.recv(4096)) == 4096:   # a short read took them all
                 pass
         except OSError:
             pass
