@@ -165,6 +165,18 @@ def is_loopback(host):
 
 # --- Connecting ---------------------------------------------------------------
 
+def _literal_family(host):
+    """socket.AF_INET or AF_INET6 for an IP address written out, None for
+    anything getaddrinfo must look at (a name, a scoped IPv6 address)."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return family
+        except (OSError, ValueError):
+            pass
+    return None
+
+
 def connect(address, timeout, sources=None):
     """socket.create_connection to (host, port), from the source address that
     ``sources`` ({socket.AF_INET: "192.0.2.7", socket.AF_INET6: ...}, Tor's
@@ -174,8 +186,12 @@ def connect(address, timeout, sources=None):
     (the name lookup itself is not bounded by it)."""
     deadline = Deadline(timeout)
     error = OSError("no address to connect to")
-    for family, _, _, _, sockaddr in socket.getaddrinfo(address[0], address[1], 0,
-                                                        socket.SOCK_STREAM):
+    family = _literal_family(address[0])
+    if family is not None:    # an address already: create_connection looks it up once anyway
+        resolved = [(family, None, None, None, tuple(address[:2]))]
+    else:
+        resolved = socket.getaddrinfo(address[0], address[1], 0, socket.SOCK_STREAM)
+    for family, _, _, _, sockaddr in resolved:
         source = None if not sources or is_loopback(sockaddr[0]) else sources.get(family)
         try:
             return socket.create_connection(sockaddr[:2], timeout=deadline.remaining(),
