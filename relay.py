@@ -545,7 +545,8 @@ class Pump:
                         self._drain_wake(wake[0])
                     else:
                         ready.setdefault(key.data, []).append((key.fileobj, events))
-                self._start_new(selector)
+                if self._incoming:        # read without the lock: an add() now has woken us too
+                    self._start_new(selector)
                 now = time.monotonic()
                 while self._timers and self._timers[0][0] <= now:
                     when, _, relay = heapq.heappop(self._timers)
