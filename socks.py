@@ -421,7 +421,7 @@ class SocksServer:
 
     def __init__(self):
         self._buffer = bytearray()
-        self._step = self._version
+        self._step = SocksServer._version   # the function: a bound method would be a cycle
         self.version = None
         self.request = None
         self._args = {}
@@ -433,7 +433,7 @@ class SocksServer:
         out = b""
         while self.request is None:
             try:
-                step = self._step()
+                step = self._step(self)
             except SocksError as exc:
                 # A pipelining client gets the answers to the messages before
                 # the bad one first, or it would read the failure as one of them.
@@ -462,9 +462,9 @@ class SocksServer:
             return None
         version = self._buffer[0]
         if version == SOCKS5_VERSION:
-            self._step = self._socks5_greeting
+            self._step = SocksServer._socks5_greeting
         elif version == SOCKS4_VERSION:
-            self._step = self._socks4_request
+            self._step = SocksServer._socks4_request
         else:
             # Not SOCKS at all (an HTTP client, a prober): no reply we could
             # send would mean anything to it.
@@ -517,10 +517,10 @@ class SocksServer:
         del self._buffer[:2 + len(methods)]
         # A client that offers username/password may be passing arguments: choose it.
         if METHOD_USERPASS in methods:
-            self._step = self._socks5_userpass
+            self._step = SocksServer._socks5_userpass
             return bytes([SOCKS5_VERSION, METHOD_USERPASS])
         if METHOD_NO_AUTH in methods:
-            self._step = self._socks5_request
+            self._step = SocksServer._socks5_request
             return bytes([SOCKS5_VERSION, METHOD_NO_AUTH])
         raise SocksError("SOCKS5 client offers no method we support",
                          bytes([SOCKS5_VERSION, METHOD_NONE_ACCEPTABLE]))
@@ -544,7 +544,7 @@ class SocksServer:
         if passwd == b"\0":
             passwd = b""
         self._args = self._parse_args(uname + passwd, USERPASS_FAILURE)
-        self._step = self._socks5_request
+        self._step = SocksServer._socks5_request
         return USERPASS_SUCCESS
 
     def _socks5_request(self):
