@@ -435,12 +435,12 @@ def prepare_for_serving(max_connections):
     thread stacks, enough file descriptors, a short GIL switch interval, and
     the start-up's objects out of the garbage collector's way.
 
-    Why the last: the collector's oldest generation is scanned in one go,
-    whichever thread happens to trigger it, and start-up leaves ~100,000
-    objects there (modules, classes, pycryptodome's and docopt's tables).
-    Each such pass held a connection for 20-30 ms (about once per 2,000
-    sequential setups) and each middle-generation pass for ~1.1 ms. Collected
-    once and frozen (``gc.freeze``, never scanned again), they cost nothing."""
+    Why the last: a pass over the collector's oldest generation scans every
+    tracked object in one go, on whichever thread triggers it, and start-up
+    leaves ~22,000 there (modules, classes, pycryptodome's and docopt's
+    tables): such a pass held a connection up for 20-30 ms, about once per
+    2,000 sequential setups. Collected once and frozen (``gc.freeze``: never
+    scanned again), they cost nothing."""
     threading.stack_size(THREAD_STACK)
     raise_descriptor_limit(max_connections)
     if sys.getswitchinterval() > SWITCH_INTERVAL:
