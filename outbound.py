@@ -3,8 +3,8 @@
 Everything that opens or speaks on an *outgoing* connection lives here, so
 that the proxy core only says "connect me to X":
 
-* ``Deadline``, ``send_all``, ``recv_exact``: blocking socket steps bounded by
-  one deadline for a whole handshake.
+* ``Deadline``, ``send_all``, ``recv_within``, ``recv_exact``: socket steps
+  bounded by one deadline for a whole handshake.
 * ``connect`` and ``open_connection``: TCP connect under that deadline, from
   Tor's outbound bind address, then ``tune`` (TCP_NODELAY, keepalive).
 * the outgoing-proxy client (``TOR_PT_PROXY`` or ``--proxy``): SOCKS5
@@ -27,6 +27,7 @@ import hmac
 import ipaddress
 import os
 import re
+import select
 import socket
 import struct
 import sys
@@ -51,22 +52,71 @@ class Deadline:
         return left
 
 
+# The steps below take a socket in either mode. The proxy's own sockets are
+# non-blocking from accept (or connect) to close: a step tries the call first
+# and waits in poll() only when the call would block. In timeout mode (a caller's
+# socket), every step set the time left as the timeout (an ioctl) and CPython
+# polled before every call, ready or not: three system calls where one does.
+# Either way, a step starts only while the deadline has not passed.
+
 def send_all(sock, data, deadline):
-    if data:
+    """Send all of ``data`` before the deadline (socket.timeout when it passes)."""
+    if not data:
+        return
+    if sock.gettimeout() != 0.0:
         sock.settimeout(deadline.remaining())
         sock.sendall(data)
+        return
+    view = memoryview(data)
+    while view:
+        deadline.remaining()
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            wait_until_ready(sock, deadline, write=True)
+
+
+def recv_within(sock, size, deadline):
+    """Up to ``size`` bytes, as soon as some come before the deadline; b"" at EOF."""
+    if sock.gettimeout() != 0.0:
+        sock.settimeout(deadline.remaining())
+        return sock.recv(size)
+    while True:
+        deadline.remaining()
+        try:
+            return sock.recv(size)
+        except BlockingIOError:
+            wait_until_ready(sock, deadline)
 
 
 def recv_exact(sock, n, deadline, error):
     """Exactly ``n`` bytes, or ``error`` (an exception class) if the peer closes first."""
     data = b""
     while len(data) < n:
-        sock.settimeout(deadline.remaining())
-        chunk = sock.recv(n - len(data))
+        chunk = recv_within(sock, n - len(data), deadline)
         if not chunk:
             raise error("the connection closed in the middle of the handshake")
         data += chunk
     return data
+
+
+def wait_until_ready(sock, deadline, write=False):
+    """Wait until the non-blocking ``sock`` can be read (or written), or raise
+    socket.timeout when the deadline passes first, as a socket in timeout mode would."""
+    if not _ready(sock, write, deadline.remaining()):
+        raise socket.timeout("timed out")
+
+
+if hasattr(select, "poll"):
+    def _ready(sock, write, seconds):
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT if write else select.POLLIN)
+        return bool(poller.poll(seconds * 1000))
+else:   # Windows: select() (one socket, so its limit on descriptors does not matter)
+    def _ready(sock, write, seconds):
+        readable, writable, _ = select.select(() if write else (sock,), (sock,) if write else (),
+                                              (), seconds)
+        return bool(readable or writable)
 
 
 # --- Addresses ------------------------------------------------------------------
@@ -115,6 +165,18 @@ def is_loopback(host):
 
 # --- Connecting ---------------------------------------------------------------
 
+def _literal_family(host):
+    """socket.AF_INET or AF_INET6 for an IP address written out, None for
+    anything getaddrinfo must look at (a name, a scoped IPv6 address)."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return family
+        except (OSError, ValueError):
+            pass
+    return None
+
+
 def connect(address, timeout, sources=None):
     """socket.create_connection to (host, port), from the source address that
     ``sources`` ({socket.AF_INET: "192.0.2.7", socket.AF_INET6: ...}, Tor's
@@ -124,8 +186,12 @@ def connect(address, timeout, sources=None):
     (the name lookup itself is not bounded by it)."""
     deadline = Deadline(timeout)
     error = OSError("no address to connect to")
-    for family, _, _, _, sockaddr in socket.getaddrinfo(address[0], address[1], 0,
-                                                        socket.SOCK_STREAM):
+    family = _literal_family(address[0])
+    if family is not None:    # an address already: create_connection looks it up once anyway
+        resolved = [(family, None, None, None, tuple(address[:2]))]
+    else:
+        resolved = socket.getaddrinfo(address[0], address[1], 0, socket.SOCK_STREAM)
+    for family, _, _, _, sockaddr in resolved:
         source = None if not sources or is_loopback(sockaddr[0]) else sources.get(family)
         try:
             return socket.create_connection(sockaddr[:2], timeout=deadline.remaining(),
@@ -176,6 +242,21 @@ def tune(sock):
                 sock.setsockopt(socket.IPPROTO_TCP, option, value)
             except OSError:
                 pass
+
+
+def tuned(sock):
+    """True when ``sock`` already has everything ``tune`` sets. Linux copies a
+    listening socket's options to every connection it accepts, so a listener
+    tuned once spares each accepted connection five system calls; the Listener
+    asks this of its first connection rather than assume it of every OS."""
+    try:
+        if not (sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                and sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)):
+            return False
+        return all(sock.getsockopt(socket.IPPROTO_TCP, option) == value
+                   for option, value in _KEEPALIVE_OPTIONS if option is not None)
+    except OSError:
+        return False
 
 
 class ProxyURIError(ValueError):

@@ -264,8 +264,7 @@ class Pools:
 # --- The handshake driver ----------------------------------------------------------
 
 def recv_some(sock, deadline):
-    sock.settimeout(deadline.remaining())
-    data = sock.recv(CHUNK)
+    data = outbound.recv_within(sock, CHUNK, deadline)
     if not data:
         raise PeerClosed("peer closed the connection during the handshake")
     return data
@@ -395,6 +394,7 @@ def _dial(settings, config, address, deadline, tunnel, what, label=""):
                         % (what, shown, via, why(exc), hint(transport, "connect")),
                         code=socks_code(exc))
     try:
+        server.setblocking(False)     # like every socket of a tunnel (outbound.send_all says why)
         to_application = transport_handshake(server, transport, deadline, tunnel.key_work)
     except BaseException as exc:
         server.close()            # this route failed: its socket goes now, not with the tunnel
@@ -452,6 +452,7 @@ def handle_server(conn, settings, tunnel):
     except OSError as exc:
         raise HopFailed("dest", "cannot reach --dest %s: %s" % (format_address(settings.dest), why(exc)))
     tunnel.owns(dest)
+    dest.setblocking(False)
     if settings.ext_cookie_file:
         try:
             outbound.ext_orport_handshake(dest, settings.ext_cookie_file, tunnel.peer,

@@ -162,7 +162,12 @@ class _Direction:
 
     def pump(self):
         """Write what is pending, then read, transform and write more chunks
-        until ``src`` has nothing, ``dst`` is full, or BURST chunks went."""
+        until ``src`` has nothing, ``dst`` is full, or BURST chunks went.
+
+        A read that did not fill the buffer emptied the socket: the next read
+        waits for the selector (level-triggered, so nothing is missed) instead
+        of costing a system call and a BlockingIOError on the spot; a tunnel
+        carrying small messages reads each one with one recv."""
         for _ in range(BURST):
             if not self.write() or not self.reading():
                 return
@@ -194,6 +199,8 @@ class _Direction:
             if not self.counts_output:
                 self.count += size
             self.take(out, buffer)
+            if size < len(buffer):
+                break
         self.write()
 
     def write(self):
@@ -280,19 +287,27 @@ class Relay:
         self.initial = (to_upstream, to_downstream)
         self.registered = {upstream: 0, downstream: 0}
         self.unwatched = []
-        upstream.setblocking(False)
-        downstream.setblocking(False)
+        for sock in (upstream, downstream):
+            if sock.gettimeout() != 0.0:    # the proxy's sockets are non-blocking already
+                sock.setblocking(False)
 
     def _receive_then_owe(self, receive):
         """Receiving may make the transport owe the peer bytes (TLS key updates and
-        session tickets, an answer): they go out on the up direction, in order."""
+        session tickets, an answer): they go out on the up direction, in order.
+
+        The closure holds the up direction, never the relay itself: a relay in a
+        reference cycle outlived its tunnel until the garbage collector's next
+        full pass, with its transport, its ciphers and its sockets (a few
+        thousand objects after a few hundred tunnels, and a longer pause at
+        each pass); without one it goes as soon as the pump lets go of it."""
         data_to_send = self.transport.data_to_send
+        owe = self.up.owe
 
         def transform(chunk):
             out = receive(chunk)
             owed = data_to_send()
             if owed:
-                self.up.owe(owed)
+                owe(owed)
             return out
         return transform
 
@@ -366,6 +381,12 @@ class Relay:
 
 # --- The one driver ---------------------------------------------------------------------
 
+# Selectors whose waiting call sees descriptors that another thread registers
+# meanwhile (epoll_wait(2), NOTES); the others (poll, select, kqueue, /dev/poll)
+# are woken to look again.
+_LIVE_REGISTRATION = tuple(getattr(selectors, name) for name in ("EpollSelector",)
+                           if hasattr(selectors, name))
+
 class Stopped(Exception):
     """The pump stopped while the relay was live (the process is stopping now)."""
 
@@ -373,11 +394,13 @@ class Stopped(Exception):
 class Pump:
     """One thread and one selector driving every relay handed to it.
 
-    Methods for the caller: ``add(relay, on_end)`` from any thread: the pump
-    starts the relay and, once it has ended, calls ``on_end(error)`` on the
-    pump's thread (error: None for a clean end, else the OSError, the
-    transport's ProtocolError or ``Stopped``), after giving its buffers back;
-    the sockets are the caller's to close, in ``on_end``. ``stop(abort)``
+    Methods for the caller: ``add(relay, on_end)`` from any thread: the relay
+    is started (its first bytes written) on the caller's thread, and once it
+    has ended ``on_end(error)`` is called on the pump's thread (error: None
+    for a clean end, else the OSError, the transport's ProtocolError or
+    ``Stopped``), after giving its buffers back; if starting fails, at once on
+    the caller's thread. The sockets are the caller's to close, in
+    ``on_end``. ``stop(abort)``
     ends the pump for good; with ``abort`` every live relay's sockets are set
     to reset when closed and their ``on_end`` gets ``Stopped``. ``len(pump)``:
     the live relays.
@@ -387,6 +410,14 @@ class Pump:
     holds nothing), and the next ``add`` makes them again. ``capacity``
     (relays) is set only where the selector is select() itself (Windows),
     which fails past 512 sockets: the caller then starts another pump.
+
+    The hand-over wakes the pump only where it must. With epoll, ``add``
+    registers the relay's sockets itself (under the pump's lock): epoll_wait(2)
+    notices descriptors another thread adds while it waits, so the pump wakes
+    when the relay has bytes to move, not once more for the hand-over (each
+    wake-up was a context switch and a fight for the GIL on every tunnel's
+    critical path). Elsewhere, and for a relay that needs a timer at once,
+    the relay goes on ``_incoming`` and the wake-up pair is written.
     """
 
     LINGER = 2.0
@@ -409,15 +440,59 @@ class Pump:
             return len(self._relays) + len(self._incoming)
 
     def add(self, relay, on_end):
-        """Hand ``relay`` over. RuntimeError (nothing changed) if the pump has
-        stopped, or no thread or descriptor can be had for it."""
+        """Start ``relay`` and hand it over. RuntimeError (the relay started but
+        not handed over) if the pump has stopped, or no thread or descriptor
+        can be had for it."""
+        try:
+            relay.start(self.buffers)     # no buffer is lent here: the pool stays the pump's
+        except Exception as exc:
+            self._give_up(relay, on_end, exc)
+            return
+        wanted, timeout = relay.watch()
         with self._lock:
             if self._stop is not None:
                 raise RuntimeError("the pump has stopped")
             if self._running is None:
                 self._running = self._start_thread()
+            selector = self._running[1]
+            if timeout is None and isinstance(selector, _LIVE_REGISTRATION) and \
+                    self._register(selector, relay, wanted):
+                self._relays[relay] = on_end
+                return
             self._incoming.append((relay, on_end))
             self._wake(self._running)
+
+    @staticmethod
+    def _register(selector, relay, wanted):
+        """Register a new relay's sockets; True if all went in. On an error
+        (a socket closed or reset already) it takes back what it registered
+        and says False: the pump then ends the relay the usual way."""
+        try:
+            for sock, events in wanted.items():
+                if events:
+                    selector.register(sock, events, relay)
+                    relay.registered[sock] = events
+        except (OSError, ValueError, KeyError):
+            for sock, events in relay.registered.items():
+                if events:
+                    try:
+                        selector.unregister(sock)
+                    except (KeyError, ValueError, OSError):
+                        pass
+                    relay.registered[sock] = 0
+            return False
+        return True
+
+    @staticmethod
+    def _give_up(relay, on_end, exc):
+        """A relay that failed before the pump had it: ended here, as ``_fail`` would."""
+        if isinstance(exc, OSError):
+            relay.abort()
+        relay.close()
+        try:
+            on_end(exc)
+        except Exception:
+            logging.getLogger("obfsproxy").error("error ending a relay", exc_info=True)
 
     def _start_thread(self):
         try:
@@ -477,7 +552,8 @@ class Pump:
                         self._drain_wake(wake[0])
                     else:
                         ready.setdefault(key.data, []).append((key.fileobj, events))
-                self._start_new(selector)
+                if self._incoming:        # read without the lock: an add() now has woken us too
+                    self._start_new(selector)
                 now = time.monotonic()
                 while self._timers and self._timers[0][0] <= now:
                     when, _, relay = heapq.heappop(self._timers)
@@ -485,13 +561,17 @@ class Pump:
                         del self._due[relay]
                         ready.setdefault(relay, [])
                 for relay, events in ready.items():
-                    if relay in self._relays:
-                        self._step(selector, relay, events)
+                    if relay not in self._relays:
+                        with self._lock:      # an add() may be registering it right now:
+                            pass              # let it finish (or it was a relay just ended)
+                        if relay not in self._relays:
+                            continue
+                    self._step(selector, relay, events)
                 if self._relays:
                     idle_since = now
                 elif now - idle_since >= self.LINGER:
                     with self._lock:
-                        if not self._incoming and self._stop is None:
+                        if not self._incoming and not self._relays and self._stop is None:
                             self._running = None      # the next add() starts another thread
                             return
             self._start_new(selector)
@@ -506,21 +586,17 @@ class Pump:
     @staticmethod
     def _drain_wake(sock):
         try:
-            while sock.recv(4096):
+            while len(sock.recv(4096)) == 4096:   # a short read took them all
                 pass
         except OSError:
             pass
 
     def _start_new(self, selector):
+        """Take over the relays handed over through ``_incoming`` (started already)."""
         with self._lock:
             incoming, self._incoming = self._incoming, []
         for relay, on_end in incoming:
             self._relays[relay] = on_end
-            try:
-                relay.start(self.buffers)
-            except Exception as exc:
-                self._fail(selector, relay, exc)
-                continue
             self._settle(selector, relay)
 
     def _step(self, selector, relay, events):
