@@ -646,7 +646,7 @@ def test_the_fast_routes_run_wherever_their_library_is():
         assert c.POLY1305_ROUTE == "pycryptodome Poly1305_MAC"
     if accel.DH is not None:
         assert curve.X25519_ROUTE == "pycryptodome Crypto.Protocol.DH"
-    if c._dirty_u_pycryptodome is not curve._dirty_u_unavailable:
+    if curve._dirty_u_pycryptodome is not curve._dirty_u_unavailable:
         assert curve.EDWARDS_ROUTE == "pycryptodome EccPoint"
     assert c.HSALSA20_ROUTE == "pycryptodome Salsa20 seek"
     if accel.Integer is not None:
