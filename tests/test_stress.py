@@ -34,7 +34,7 @@ import pytest
 import stress
 from peers import Obfs4proxy, pinned_options
 from procwatch import close_wait, fd_count, needs_proc, thread_count
-from support import Program, fmt, require_obfs4proxy, socks5_connect
+from support import EchoServer, Program, fmt, require_obfs4proxy, socks5_connect
 
 import listener
 import pool
@@ -375,3 +375,20 @@ def test_the_checker_names_a_reset_that_arrived_as_a_fin():
     kinds = {(f.kind, f.direction) for f in result.faults}
     assert kinds == {("clean-end", "down")}, [str(f) for f in result.faults]
     assert len(result.faults) == 6
+
+
+def test_a_closed_echo_server_serves_no_later_connection():
+    """The harness's services must not outlive ``close()``: a listener left in
+    LISTEN behind a blocked accept() served one more connection with the old
+    behaviour (a plain echo answering on a test's --dest hop). After close the
+    port refuses and the accept thread has ended."""
+    echo = EchoServer()
+    address = echo.address
+    with socket.create_connection(address, timeout=5) as sock:
+        sock.sendall(b"ping")
+        assert sock.recv(4) == b"ping"
+    echo.close()
+    assert not echo._thread.is_alive(), "the accept thread outlived close()"
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(address, timeout=5).close()
+    assert echo.accepted == 1
