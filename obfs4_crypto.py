@@ -92,7 +92,7 @@ from Crypto.Cipher import Salsa20
 import accel
 import curve25519
 import obfs4_drbg
-from accel import CRYPTO_ENV, NACL_UNAVAILABLE, KnownAnswerError  # noqa: F401  (part of this module's API)
+from accel import NACL_UNAVAILABLE, KnownAnswerError
 
 # The accelerator and the route chooser (accel.py), by the names the code below uses.
 _nacl, _NaClError, _PASSED_OVER = accel.nacl, accel.NaClError, accel.PASSED_OVER
