@@ -520,7 +520,7 @@ def pure_python_routes():
     one-time warning (slower, and not constant time): e.g. ["X25519"] when neither
     PyNaCl nor pycryptodome >= 3.21 is there. Poly1305 and HSalsa20 count only when
     the portable secretbox runs. Not listed, because no install changes it: the hash
-    DRBG, which is Python by design (see "Routes")."""
+    DRBG, which is Python by design (obfs4_drbg.py says why)."""
     pieces = ["X25519", "edwards25519", "Elligator2"]
     if _SecretBoxRoute is _PortableSecretBox:
         pieces = ["Poly1305", "HSalsa20"] + pieces

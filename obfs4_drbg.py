@@ -123,8 +123,8 @@ class HashDrbg:
     8 SipRounds that no trick shortens (each needs the last), so the savings are
     Python's: one loop with everything in local variables (~5.5-7 µs a block, against
     ~7-9 through the three helper functions). Blocks are kept as little-endian integers.
-    No C library helps here (see "Routes"): this is the largest cost of a frame once
-    libsodium seals it."""
+    No C library helps here (see "Why the hash DRBG stays in Python" above): this is
+    the largest cost of a frame once libsodium seals it."""
 
     def __init__(self, seed24):
         if len(seed24) != DRBG_SEED_LENGTH:
