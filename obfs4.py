@@ -393,8 +393,10 @@ def _state_identity(state):
 
 def read_identity(state_dir):
     """The bridge identity in STATE_DIR/obfs4_state.json, read exactly as the server reads
-    it at start-up, and never created or written: the one loader for the server
-    (``load_or_create_state``) and for tools that only look (unmask's --state-dir).
+    it at start-up, and never created or written: for tools that only look (unmask's
+    --state-dir). The server (``load_or_create_state``) reads through the same two steps,
+    ``_read_state`` and ``_state_identity``; only the wording of a bad field differs: the
+    server says it as obfs4proxy does (without the file's name), this adds the name.
 
     What is read: a JSON object whose names match case-insensitively ("NODE-ID"), unknown
     names ignored, null or absent meaning "" or 0; node-id, private-key and drbg-seed in
