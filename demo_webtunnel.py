@@ -467,7 +467,7 @@ def tls_records_section(walk, hello):
                "the server's key share is not of a group the client offered")
     if not walk.check(answer.version == 0x0304 and suite in TLS13_SUITES,
                       "the demo opens TLS 1.3 records only; this connection used %s, suite %04x"
-                      % (tlswire.VERSION_NAMES.get(answer.version, "%04x" % answer.version), suite)):
+                      % (version, suite)):
         return None
     found = key_log_secrets(stage.key_log, hello.random)
     if not walk.check(all(label in found for label in KEY_LOG_LABELS),
