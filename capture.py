@@ -162,8 +162,10 @@ class FirstPacket:
                    "starts like %s" % self.looks_like if self.looks_like else "no TLS/HTTP start")
 
 
-def fully_encrypted_line(conv):
-    """The ``detect`` line for one conversation: the test on the initiator's first packet."""
+def fully_encrypted_test(conv):
+    """(FirstPacket, or None when that side sent no data; the ``detect`` line) for one
+    conversation: the test on the initiator's first packet. ``run_detect`` counts and
+    explains from the FirstPacket, never from the words of the line."""
     side = conv.initiator if conv.initiator is not None else 0
     who = "the initiator" if conv.initiator is not None else conv.ends[side]
     unknown = "" if conv.initiator is not None else "; who opened the connection is unknown"
@@ -174,9 +176,14 @@ def fully_encrypted_line(conv):
     else:
         where = "%s's first packet, %d bytes" % (who, len(packet))
     if not packet:
-        return "fully-encrypted test: not applicable: %s sent no data" % who
+        return None, "fully-encrypted test: not applicable: %s sent no data" % who
     first = FirstPacket(packet)
-    return "fully-encrypted test: %s  %s  (%s%s)" % (first.verdict, first.figures(), where, unknown)
+    return first, "fully-encrypted test: %s  %s  (%s%s)" % (first.verdict, first.figures(), where, unknown)
+
+
+def fully_encrypted_line(conv):
+    """The ``detect`` line for one conversation (``fully_encrypted_test``'s)."""
+    return fully_encrypted_test(conv)[1]
 
 # --- The attack ------------------------------------------------------------------
 
@@ -509,8 +516,8 @@ def run_detect(conversations, secret_hash, iterations, out):
         total.hashes += work.hashes
         total.aes_blocks += work.aes_blocks
         total.seconds += work.seconds
-        encrypted = fully_encrypted_line(conv)
-        flagged += "test: flagged" in encrypted
+        first, encrypted = fully_encrypted_test(conv)
+        flagged += first is not None and first.rule is None
         print("stream %d  %s  (%d / %d bytes)" % (number, conv.name, len(conv.streams[0]),
                                                   len(conv.streams[1])), file=out)
         print("  %s" % why, file=out)
@@ -521,10 +528,9 @@ def run_detect(conversations, secret_hash, iterations, out):
             print("  TLS ClientHello: %s" % tlswire.summary(tls[1]), file=out)
         print("  work: %s" % work, file=out)
         print("  %s" % encrypted, file=out)
-        exempt = re.search(r"test: exempt \((Ex\d)\).*starts like TLS", encrypted)
-        if tls and exempt:
+        if tls and first is not None and first.looks_like == "TLS":
             tls_streams += 1
-            print("\n".join("  " + line for line in tlswire.exemption_lines(exempt.group(1))), file=out)
+            print("\n".join("  " + line for line in tlswire.exemption_lines(first.rule)), file=out)
         for note in conv.notes:
             print("  note: %s" % note, file=out)
     print(file=out)

@@ -181,7 +181,7 @@ def observer(walk):
             print(textwrap.fill(line, 100, initial_indent="    - ", subsequent_indent="      "))
 
 
-# --- any transport, dummy and obfs2 ---------------------------------------------------------
+# --- any transport, and dummy ---------------------------------------------------------------
 
 def walk_generic(walk):
     """What every transport can show: each piece it put on the wire, in order."""
@@ -193,7 +193,6 @@ def walk_generic(walk):
             walk.dump(piece)
         if len(wire.pieces) > SHOW_FRAMES:
             print("  ... and %d more pieces" % (len(wire.pieces) - SHOW_FRAMES))
-
 
 
 def walk_dummy(walk):

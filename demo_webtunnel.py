@@ -33,7 +33,7 @@ import proxy
 import tlswire
 import webtunnel
 from demo_base import MESSAGE, Stage, application_bytes
-from outbound import format_address
+from outbound import format_address, is_ip_literal
 
 # --- webtunnel: the demo's certificate --------------------------------------------------------
 #
@@ -399,7 +399,7 @@ def client_hello_section(walk):
     walk.check(ja4 == "%s_%s_%s" % (a, hashlib.sha256(b.encode()).hexdigest()[:12],
                                      hashlib.sha256(c.encode()).hexdigest()[:12]),
                "the JA4 is not made of its three parts")
-    walk.check(hello.sni == (None if is_ip_address(config.servername) else config.servername),
+    walk.check(hello.sni == (None if is_ip_literal(config.servername) else config.servername),
                "the SNI is not servername= (none for an IP address: RFC 6066 3)")
     walk.check(hello.alpn == [b"http/1.1"], "the ALPN is not http/1.1")
     reference = tlswire.hello(in_memory_client_hello(webtunnel.default_client_context(), config.servername))
@@ -413,14 +413,6 @@ def client_hello_section(walk):
     print("  lyrebird shapes its ClientHello with uTLS for that reason. Python's ssl cannot (a bridge")
     print("  line's utls= gets a NOTICE that says so).")
     return hello
-
-
-def is_ip_address(text):
-    try:
-        ipaddress.ip_address(text)
-        return True
-    except ValueError:
-        return False
 
 
 def in_memory_client_hello(context, servername):
@@ -475,7 +467,7 @@ def tls_records_section(walk, hello):
                "the server's key share is not of a group the client offered")
     if not walk.check(answer.version == 0x0304 and suite in TLS13_SUITES,
                       "the demo opens TLS 1.3 records only; this connection used %s, suite %04x"
-                      % (tlswire.VERSION_NAMES.get(answer.version, "%04x" % answer.version), suite)):
+                      % (version, suite)):
         return None
     found = key_log_secrets(stage.key_log, hello.random)
     if not walk.check(all(label in found for label in KEY_LOG_LABELS),
