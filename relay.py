@@ -473,15 +473,21 @@ class Pump:
                     selector.register(sock, events, relay)
                     relay.registered[sock] = events
         except (OSError, ValueError, KeyError):
-            for sock, events in relay.registered.items():
-                if events:
-                    try:
-                        selector.unregister(sock)
-                    except (KeyError, ValueError, OSError):
-                        pass
-                    relay.registered[sock] = 0
+            Pump._unregister(selector, relay)
             return False
         return True
+
+    @staticmethod
+    def _unregister(selector, relay):
+        """Take the relay's sockets out of the selector (a socket closed or
+        reset already may be out of it: that is no error)."""
+        for sock, events in relay.registered.items():
+            if events:
+                try:
+                    selector.unregister(sock)
+                except (KeyError, ValueError, OSError):
+                    pass
+                relay.registered[sock] = 0
 
     @staticmethod
     def _give_up(relay, on_end, exc):
@@ -642,13 +648,7 @@ class Pump:
     def _end(self, selector, relay, error):
         on_end = self._relays.pop(relay)
         self._due.pop(relay, None)
-        for sock, events in relay.registered.items():
-            if events:
-                try:
-                    selector.unregister(sock)
-                except (KeyError, ValueError, OSError):
-                    pass
-                relay.registered[sock] = 0
+        self._unregister(selector, relay)
         relay.close()
         try:
             on_end(error)
