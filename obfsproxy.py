@@ -222,9 +222,7 @@ def parse_bridge_line(text):
     if len(words) < 2:
         raise UsageError("--bridge: expected \"TRANSPORT HOST:PORT [FINGERPRINT] [K=V ...]\"")
     name, where, rest = words[0], words[1], words[2:]
-    if name not in transports.TRANSPORTS:
-        raise UsageError("--bridge: unknown transport %r (have: %s)"
-                         % (name, ", ".join(transports.TRANSPORTS)))
+    transport_class("--bridge", name)    # a name we lack: UsageError, naming the ones we have
     dest = address("--bridge", where)
     if rest and re.fullmatch(r"[0-9A-Fa-f]{40}", rest[0]):
         rest = rest[1:]  # the fingerprint is Tor's business, not ours

@@ -66,7 +66,7 @@ def configured_size(environ=os.environ):
 class Pool:
     """A bounded stock of single-use items from ``make()``, refilled by one daemon
     thread while ``idle()`` returns True. ``hits`` and ``misses`` count takes served
-    from the stock and made on the spot."""
+    from the stock and takes that found it empty (None)."""
 
     def __init__(self, make, size=DEFAULT_SIZE, idle=lambda: True, name="pool"):
         self._make, self.size, self._idle, self.name = make, size, idle, name
@@ -108,7 +108,7 @@ class Pool:
         self._refilling = True
         try:
             threading.Thread(target=self._refill, name="%s-refill" % self.name, daemon=True).start()
-        except RuntimeError:     # no thread to be had: take() still makes items on the spot
+        except RuntimeError:     # no thread to be had: take() gives None, connections do their own
             self._refilling = False
 
     def _refill(self):

@@ -335,8 +335,7 @@ def handle_socks_client(conn, settings, tunnel):
                         % (settings.transport, settings.loggable(target), exc),
                         negotiation.reply(socks.GENERAL_FAILURE))
     try:
-        server, transport, to_application = open_tunnel(settings, config, target, deadline, tunnel,
-                                                        "the %s bridge" % settings.transport)
+        server, transport, to_application = open_tunnel(settings, config, target, deadline, tunnel)
     except HopFailed as exc:
         exc.reply = negotiation.reply(exc.code)
         raise
@@ -349,12 +348,11 @@ def handle_fixed_client(conn, settings, tunnel):
     """No SOCKS: every connection goes to the one bridge of --dest or --bridge."""
     deadline = Deadline(settings.handshake_timeout)
     config = settings.client_config()
-    server, transport, to_application = open_tunnel(settings, config, settings.dest, deadline, tunnel,
-                                                    "the %s bridge" % settings.transport)
+    server, transport, to_application = open_tunnel(settings, config, settings.dest, deadline, tunnel)
     return Relay(conn, server, transport, to_upstream=to_application)
 
 
-def open_tunnel(settings, config, target, deadline, tunnel, what):
+def open_tunnel(settings, config, target, deadline, tunnel):
     """(socket, transport, plaintext glued to the handshake) of a tunnel whose
     handshake succeeded, trying the transport's routes in turn (default: the
     target as given; webtunnel: the host of its url=, once per servername),
@@ -372,7 +370,7 @@ def open_tunnel(settings, config, target, deadline, tunnel, what):
         attempt = deadline if left == 1 else Deadline(deadline.remaining() / left)
         label = "" if len(routes) == 1 else " (route %d of %d)" % (len(routes) - left + 1, len(routes))
         try:
-            return _dial(settings, route_config, address, attempt, tunnel, what, label)
+            return _dial(settings, route_config, address, attempt, tunnel, label)
         except HopFailed as exc:
             if left == 1:
                 raise
@@ -380,7 +378,7 @@ def open_tunnel(settings, config, target, deadline, tunnel, what):
     raise ValueError("%s gave no route to dial" % settings.transport)
 
 
-def _dial(settings, config, address, deadline, tunnel, what, label=""):
+def _dial(settings, config, address, deadline, tunnel, label=""):
     """One route: connect, then the transport's handshake. Transports' messages never
     name the address or names they dial (they cannot know --no-safe-logging); the
     address is said here, scrubbed unless asked, with ``label``: which route it was."""
@@ -390,8 +388,8 @@ def _dial(settings, config, address, deadline, tunnel, what, label=""):
     try:
         server = open_connection(address, deadline, settings.outgoing_proxy, settings.sources)
     except OSError as exc:
-        raise HopFailed("connect", "cannot reach %s %s%s: %s%s"
-                        % (what, shown, via, why(exc), hint(transport, "connect")),
+        raise HopFailed("connect", "cannot reach the %s bridge %s%s: %s%s"
+                        % (settings.transport, shown, via, why(exc), hint(transport, "connect")),
                         code=socks_code(exc))
     try:
         server.setblocking(False)     # like every socket of a tunnel (outbound.send_all says why)

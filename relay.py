@@ -433,7 +433,7 @@ class Pump:
         self._due = {}                # relay -> when its current timer is due
         self._order = itertools.count()
         self._stop = None             # None, "stop" or "abort"
-        self._running = None          # the running thread's (thread, selector, wake pair, ended)
+        self._running = None          # the running thread's (selector, wake pair, ended)
 
     def __len__(self):
         with self._lock:
@@ -454,7 +454,7 @@ class Pump:
                 raise RuntimeError("the pump has stopped")
             if self._running is None:
                 self._running = self._start_thread()
-            selector = self._running[1]
+            selector = self._running[0]
             if timeout is None and isinstance(selector, _LIVE_REGISTRATION) and \
                     self._register(selector, relay, wanted):
                 self._relays[relay] = on_end
@@ -473,15 +473,21 @@ class Pump:
                     selector.register(sock, events, relay)
                     relay.registered[sock] = events
         except (OSError, ValueError, KeyError):
-            for sock, events in relay.registered.items():
-                if events:
-                    try:
-                        selector.unregister(sock)
-                    except (KeyError, ValueError, OSError):
-                        pass
-                    relay.registered[sock] = 0
+            Pump._unregister(selector, relay)
             return False
         return True
+
+    @staticmethod
+    def _unregister(selector, relay):
+        """Take the relay's sockets out of the selector (a socket closed or
+        reset already may be out of it: that is no error)."""
+        for sock, events in relay.registered.items():
+            if events:
+                try:
+                    selector.unregister(sock)
+                except (KeyError, ValueError, OSError):
+                    pass
+                relay.registered[sock] = 0
 
     @staticmethod
     def _give_up(relay, on_end, exc):
@@ -507,14 +513,13 @@ class Pump:
         for end in wake:
             end.setblocking(False)
         selector.register(wake[0], selectors.EVENT_READ, None)
-        running = (None, selector, wake, threading.Event())
-        thread = threading.Thread(target=self._run, args=(running,), name=self.name, daemon=True)
+        running = (selector, wake, threading.Event())
         try:
-            thread.start()
+            threading.Thread(target=self._run, args=(running,), name=self.name, daemon=True).start()
         except RuntimeError:
             self._close(running)
             raise
-        return (thread,) + running[1:]
+        return running
 
     def stop(self, abort=False, timeout=5.0):
         """End the pump for good; wait up to ``timeout`` for its thread. True if it ended."""
@@ -523,23 +528,23 @@ class Pump:
             running = self._running
             if running is not None:
                 self._wake(running)
-        return running is None or running[3].wait(timeout)
+        return running is None or running[2].wait(timeout)
 
     @staticmethod
     def _wake(running):
         try:
-            running[2][1].send(b"x")
+            running[1][1].send(b"x")
         except OSError:   # full (it will wake anyway)
             pass
 
     @staticmethod
     def _close(running):
-        running[1].close()
-        for end in running[2]:
+        running[0].close()
+        for end in running[1]:
             end.close()
 
     def _run(self, running):
-        _, selector, wake, ended = running
+        selector, wake, ended = running
         idle_since = time.monotonic()
         try:
             while self._stop is None:
@@ -642,13 +647,7 @@ class Pump:
     def _end(self, selector, relay, error):
         on_end = self._relays.pop(relay)
         self._due.pop(relay, None)
-        for sock, events in relay.registered.items():
-            if events:
-                try:
-                    selector.unregister(sock)
-                except (KeyError, ValueError, OSError):
-                    pass
-                relay.registered[sock] = 0
+        self._unregister(selector, relay)
         relay.close()
         try:
             on_end(error)
