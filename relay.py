@@ -322,6 +322,7 @@ class Relay:
         self.initial = None
         if to_downstream:
             transport = self.transport
+            self.up.count += len(to_downstream)   # read from the application, as pump() counts
             self.up.take((transport.send_paced if getattr(transport, "paced", False)
                           else transport.send)(bytes(to_downstream)))
         self.down.take(to_upstream)

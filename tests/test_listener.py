@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from support import EchoServer, Program, fmt, recv_all, recv_exact, socks5_connect
+from support import EchoServer, Program, fmt, recv_all, recv_exact, socks5_connect, socks5_request
 
 import listener
 import proxy
@@ -417,6 +417,25 @@ def test_log_lines_count_application_bytes_the_same_way_on_both_ends(tmp_path):
                 assert recv_all(app) == b"y" * 214
             pattern = r"conn 1 .*closed after (\d+) bytes client->server, (\d+) bytes server->client"
             said = [tuple(map(int, node.log.wait_for(pattern).groups())) for node in (client, server)]
+    assert said == [(89, 214), (89, 214)], said
+
+
+def test_bytes_pipelined_behind_the_socks_request_are_counted_on_both_ends():
+    """An application that sends its first bytes in the same write as its SOCKS
+    request (optimistic data): the client hands them to the relay with the tunnel,
+    and its log line counts them as the server's does."""
+    with EchoServer(behaviour=reply_214_after_eof) as web, \
+            Program("server", "--transport=dummy", "--dest=" + fmt(web.address), "127.0.0.1:0",
+                    "--log-min-severity=info") as server, \
+            Program("client", "--transport=dummy", "127.0.0.1:0", "--log-min-severity=info") as client:
+        with socket.create_connection(client.address, timeout=WAIT) as app:
+            app.sendall(b"\x05\x01\x00" + socks5_request(server.address) + b"x" * 89)
+            app.shutdown(socket.SHUT_WR)
+            assert recv_exact(app, 2) == b"\x05\x00"
+            assert recv_exact(app, 10)[1] == 0
+            assert recv_all(app) == b"y" * 214
+        pattern = r"conn 1 .*closed after (\d+) bytes client->server, (\d+) bytes server->client"
+        said = [tuple(map(int, node.log.wait_for(pattern).groups())) for node in (client, server)]
     assert said == [(89, 214), (89, 214)], said
 
 
