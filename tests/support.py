@@ -49,6 +49,38 @@ def require_obfs4proxy():
     return path
 
 
+# --- A real Tor, through tests/tor-loopback.sh ---------------------------------------
+
+TOR_LOOPBACK = ROOT / "tests" / "tor-loopback.sh"
+OURS = "%s %s managed" % (sys.executable, PROGRAM)   # our program as Tor's PT command
+
+
+def require_tor():
+    """The directory holding tor (for PATH). In CI its absence is a failure (.ci/run
+    installs it); elsewhere the test is skipped with the reason."""
+    found = shutil.which("tor") or shutil.which("tor", path="/usr/sbin:/usr/local/sbin")
+    if found is None:
+        if IN_CI:
+            pytest.fail("tor is not installed, but CI must install it (.ci/run)")
+        pytest.skip("tor is not installed (apt-get install tor); this test runs a real "
+                    "Tor client and bridge on loopback, and CI installs it")
+    return str(Path(found).parent)
+
+
+def bootstrap(client_pt, server_pt, transport, **env):
+    """Run tor-loopback.sh (``env``: its variables, e.g. BRIDGE_ARGS); returns (exit
+    status, its stdout+stderr, seconds)."""
+    assert " " not in PROGRAM and " " not in sys.executable, "torrc lines split at spaces"
+    environment = dict(os.environ, BRIDGE_LOG="debug", **env)
+    environment["PATH"] = require_tor() + os.pathsep + environment.get("PATH", "")
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(TOR_LOOPBACK), client_pt, server_pt, transport],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=environment, timeout=400)
+    seconds = time.monotonic() - started
+    return done.returncode, done.stdout, seconds
+
+
 class LineReader:
     """Reads a stream's lines on a thread, so tests can wait with a deadline."""
 
