@@ -44,6 +44,7 @@ from nginx import Nginx, free_port, require_nginx
 from support import (
     OURS,
     EchoServer,
+    FakeProxy,
     Program,
     SocksReplyError,
     bootstrap,
@@ -53,7 +54,6 @@ from support import (
     recv_exact,
     socks5_connect,
 )
-from test_outbound import FakeProxy
 
 PATH = "/k7Qm2Zx1c1b00b6"
 SERVER_URL = "https://wt.test" + PATH            # the bridge's url=, as its operator gives it
