@@ -93,17 +93,6 @@ def sha(data):
 
 # --- The parts, started per test and always stopped -----------------------------------
 
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory):
-    return testca.make_ca(tmp_path_factory.mktemp("ca"))
-
-
-@pytest.fixture(scope="module")
-def other_ca(tmp_path_factory):
-    """A second CA: a client trusting only this one cannot verify nginx's certificate."""
-    return testca.make_ca(tmp_path_factory.mktemp("other-ca"))
-
-
 @pytest.fixture
 def parts(tmp_path, ca):
     require_nginx()
