@@ -456,6 +456,16 @@ def assert_refused(address, timeout=10.0):
         time.sleep(0.02)  # polling a real condition, not a sleep standing in for one
 
 
+def wait_until(check, timeout=10.0, what="condition"):
+    """Poll ``check()`` (a real condition: a counter, a thread gone) until it is
+    true; the test fails saying ``what`` after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            pytest.fail("%s: not within %.0f s" % (what, timeout))
+        time.sleep(0.005)
+
+
 def has_ipv6_loopback():
     """True when this machine can bind ::1."""
     if not socket.has_ipv6:
