@@ -5,6 +5,7 @@ Synchronisation is on real events: a started proxy is ready when it has logged
 uses ephemeral ports), never on sleeps.
 """
 
+import base64
 import os
 import queue
 import re
@@ -47,6 +48,38 @@ def require_obfs4proxy():
         pytest.skip("obfs4proxy is not installed (apt-get install obfs4proxy); "
                     "this interop test needs it and CI installs it")
     return path
+
+
+# --- A real Tor, through tests/tor-loopback.sh ---------------------------------------
+
+TOR_LOOPBACK = ROOT / "tests" / "tor-loopback.sh"
+OURS = "%s %s managed" % (sys.executable, PROGRAM)   # our program as Tor's PT command
+
+
+def require_tor():
+    """The directory holding tor (for PATH). In CI its absence is a failure (.ci/run
+    installs it); elsewhere the test is skipped with the reason."""
+    found = shutil.which("tor") or shutil.which("tor", path="/usr/sbin:/usr/local/sbin")
+    if found is None:
+        if IN_CI:
+            pytest.fail("tor is not installed, but CI must install it (.ci/run)")
+        pytest.skip("tor is not installed (apt-get install tor); this test runs a real "
+                    "Tor client and bridge on loopback, and CI installs it")
+    return str(Path(found).parent)
+
+
+def bootstrap(client_pt, server_pt, transport, **env):
+    """Run tor-loopback.sh (``env``: its variables, e.g. BRIDGE_ARGS); returns (exit
+    status, its stdout+stderr, seconds)."""
+    assert " " not in PROGRAM and " " not in sys.executable, "torrc lines split at spaces"
+    environment = dict(os.environ, BRIDGE_LOG="debug", **env)
+    environment["PATH"] = require_tor() + os.pathsep + environment.get("PATH", "")
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(TOR_LOOPBACK), client_pt, server_pt, transport],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=environment, timeout=400)
+    seconds = time.monotonic() - started
+    return done.returncode, done.stdout, seconds
 
 
 class LineReader:
@@ -227,6 +260,157 @@ class EchoServer:
         self.close()
 
 
+class FakeProxy(EchoServer):
+    """An upstream proxy on 127.0.0.1 of ``kind`` socks5, socks4a or http.
+
+    ``auth``: (user, password) the proxy demands (socks5, http). ``refuse``:
+    answer every request with a failure instead of connecting. ``glue``:
+    bytes sent in the same segment as the success reply, as if the
+    destination had spoken at once. ``status``: the HTTP status line to
+    answer instead of 200 (the proxy then closes). ``requests`` records one
+    dict per request (target, credentials, ...), before the reply is sent.
+    """
+
+    def __init__(self, kind, auth=None, refuse=False, glue=b"", silent=False, status=None):
+        self.kind, self.auth, self.refuse, self.glue, self.silent = kind, auth, refuse, glue, silent
+        self.status = status
+        self.requests = []
+        super().__init__(backlog=16)
+
+    def uri(self, user=None, password=None):
+        credentials = ""
+        if user is not None:
+            credentials = user + (":" + password if password is not None else "") + "@"
+        return "%s://%s127.0.0.1:%d" % (self.kind, credentials, self.address[1])
+
+    def _serve(self, conn):
+        with conn:
+            conn.settimeout(10)
+            try:
+                if self.silent:
+                    conn.recv(1024)   # take the request, never answer
+                    conn.recv(1024)
+                    return
+                upstream = getattr(self, "_" + self.kind)(conn)
+            except (OSError, AssertionError) as exc:
+                self.requests.append({"error": repr(exc)})
+                return
+            if upstream is not None:
+                with upstream:
+                    _relay(conn, upstream)
+
+    def _connect(self, record, host, port):
+        record["target"] = (host, port)
+        self.requests.append(record)
+        if self.refuse:
+            return None
+        try:
+            return socket.create_connection((host, port), timeout=10)
+        except OSError:
+            return None
+
+    def _socks5(self, conn):
+        # VER=05 NMETHODS METHODS
+        _, count = recv_exact(conn, 2)
+        methods = recv_exact(conn, count)
+        record = {"methods": methods}
+        if self.auth:
+            if 2 not in methods:
+                conn.sendall(b"\x05\xff")
+                raise AssertionError("client did not offer username/password")
+            conn.sendall(b"\x05\x02")
+            # VER=01 ULEN UNAME PLEN PASSWD
+            _, ulen = recv_exact(conn, 2)
+            user = recv_exact(conn, ulen)
+            plen = recv_exact(conn, 1)[0]
+            password = recv_exact(conn, plen)
+            record["auth"] = (user.decode(), password.decode())
+            record["plen"] = plen
+            if record["auth"] != self.auth:
+                conn.sendall(b"\x01\x01")
+                self.requests.append(record)
+                return None
+            conn.sendall(b"\x01\x00")
+        else:
+            conn.sendall(b"\x05\x00")
+        # VER=05 CMD=01 RSV=00 ATYP DST.ADDR DST.PORT
+        _, cmd, _, atyp = recv_exact(conn, 4)
+        if atyp == 1:
+            host = socket.inet_ntop(socket.AF_INET, recv_exact(conn, 4))
+        elif atyp == 4:
+            host = socket.inet_ntop(socket.AF_INET6, recv_exact(conn, 16))
+        else:
+            host = recv_exact(conn, recv_exact(conn, 1)[0]).decode()
+        port = struct.unpack("!H", recv_exact(conn, 2))[0]
+        record["command"] = cmd
+        upstream = self._connect(record, host, port)
+        # VER=05 REP RSV=00 ATYP=01 BND.ADDR=0.0.0.0 BND.PORT=0
+        conn.sendall(bytes([5, 0 if upstream else 5, 0, 1]) + bytes(6) + (self.glue if upstream else b""))
+        return upstream
+
+    def _socks4a(self, conn):
+        # VN=04 CD=01 DSTPORT DSTIP USERID 00 [HOST 00]
+        _, cmd, port = struct.unpack("!BBH", recv_exact(conn, 4))
+        ip = recv_exact(conn, 4)
+        userid = _read_until(conn, b"\0")
+        if ip[:3] == b"\0\0\0" and ip[3]:
+            host = _read_until(conn, b"\0").decode()
+        else:
+            host = socket.inet_ntoa(ip)
+        upstream = self._connect({"command": cmd, "userid": userid.decode()}, host, port)
+        conn.sendall(bytes([0, 0x5A if upstream else 0x5B]) + bytes(6) + (self.glue if upstream else b""))
+        return upstream
+
+    def _http(self, conn):
+        head = _read_until(conn, b"\r\n\r\n").decode("latin-1").split("\r\n")
+        method, authority, _ = head[0].split(" ")
+        headers = dict(line.split(": ", 1) for line in head[1:] if line)
+        record = {"method": method, "headers": headers}
+        if self.auth:
+            expected = "Basic " + base64.b64encode(("%s:%s" % self.auth).encode()).decode()
+            if headers.get("Proxy-Authorization") != expected:
+                self.requests.append(record)
+                conn.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
+                return None
+        host, _, port = authority.rpartition(":")
+        if self.status is not None:
+            record["target"] = (host.strip("[]"), int(port))
+            self.requests.append(record)
+            conn.sendall(self.status + b"\r\nContent-Length: 0\r\n\r\n")
+            return None
+        upstream = self._connect(record, host.strip("[]"), int(port))
+        if upstream is None:
+            conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            return None
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\nX-Fake: yes\r\n\r\n" + self.glue)
+        return upstream
+
+
+def _read_until(conn, end):
+    data = b""
+    while not data.endswith(end):
+        data += recv_exact(conn, 1)
+    return data[:-len(end)]
+
+
+def _relay(a, b):
+    """Both directions until both ended, EOF passed on as shutdown(SHUT_WR)."""
+    def pump(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+    other = threading.Thread(target=pump, args=(b, a), daemon=True)
+    other.start()
+    pump(a, b)
+    other.join(30)
+
+
 def echo(conn):
     """Echo until the peer's EOF."""
     while True:
@@ -270,6 +454,16 @@ def assert_refused(address, timeout=10.0):
         if time.monotonic() > end:
             raise AssertionError("%r still accepts connections" % (address,))
         time.sleep(0.02)  # polling a real condition, not a sleep standing in for one
+
+
+def wait_until(check, timeout=10.0, what="condition"):
+    """Poll ``check()`` (a real condition: a counter, a thread gone) until it is
+    true; the test fails saying ``what`` after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            pytest.fail("%s: not within %.0f s" % (what, timeout))
+        time.sleep(0.005)
 
 
 def has_ipv6_loopback():

@@ -15,20 +15,12 @@ import threading
 import time
 
 import pytest
-from support import EchoServer, Program, fmt, recv_all, recv_exact, socks5_connect, socks5_request
+from support import EchoServer, Program, fmt, recv_all, recv_exact, socks5_connect, socks5_request, wait_until
 
 import listener
 import proxy
 
 WAIT = 10.0
-
-
-def wait_until(check, timeout=WAIT, what="condition"):
-    end = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > end:
-            pytest.fail("%s: not within %.0f s" % (what, timeout))
-        time.sleep(0.005)
 
 
 def serving(settings, handler=proxy.handle_server, **attributes):

@@ -781,17 +781,20 @@ def run_python(code, **env):
                           capture_output=True, text=True, timeout=60)
 
 
+# Python that breaks pycryptodome's Salsa20 (every byte of its keystream xor 1), run
+# before anything imports obfs4_crypto.
+BREAK_SALSA20 = ("from Crypto.Cipher import Salsa20\n"
+                 "real = Salsa20.new\n"
+                 "class Broken:\n"
+                 "    def __init__(self, cipher): self.cipher = cipher\n"
+                 "    def encrypt(self, data): return bytes(a ^ 1 for a in self.cipher.encrypt(data))\n"
+                 "    def seek(self, position): self.cipher.seek(position)\n"
+                 "Salsa20.new = lambda **kw: Broken(real(**kw))\n")
+
+
 def test_importing_with_a_broken_salsa20_fails_loudly():
     """The module is imported after pycryptodome's Salsa20 is broken: it must not load."""
-    result = run_python(
-        "from Crypto.Cipher import Salsa20\n"
-        "real = Salsa20.new\n"
-        "class Broken:\n"
-        "    def __init__(self, cipher): self.cipher = cipher\n"
-        "    def encrypt(self, data): return bytes(a ^ 1 for a in self.cipher.encrypt(data))\n"
-        "    def seek(self, position): self.cipher.seek(position)\n"
-        "Salsa20.new = lambda **kw: Broken(real(**kw))\n"
-        "import obfs4_crypto\n")
+    result = run_python(BREAK_SALSA20 + "import obfs4_crypto\n")
     assert result.returncode != 0
     assert "KnownAnswerError" in result.stderr and "refusing to run" in result.stderr
 
@@ -800,13 +803,7 @@ def test_importing_with_a_broken_salsa20_fails_loudly():
 def test_the_program_refuses_to_run_a_broken_salsa20_in_one_line(mode, tmp_path):
     """The command line says it once, without a traceback; in managed mode on stdout
     too, as ENV-ERROR, where Tor reads it."""
-    run = ("import sys\nfrom Crypto.Cipher import Salsa20\n"
-           "real = Salsa20.new\n"
-           "class Broken:\n"
-           "    def __init__(self, cipher): self.cipher = cipher\n"
-           "    def encrypt(self, data): return bytes(a ^ 1 for a in self.cipher.encrypt(data))\n"
-           "    def seek(self, position): self.cipher.seek(position)\n"
-           "Salsa20.new = lambda **kw: Broken(real(**kw))\n"
+    run = ("import sys\n" + BREAK_SALSA20 +
            "sys.argv = ['obfsproxy.py', %r, '127.0.0.1:0']\n"
            "import runpy\nrunpy.run_path('obfsproxy.py', run_name='__main__')\n" % mode)
     result = run_python(run, TOR_PT_MANAGED_TRANSPORT_VER="1", TOR_PT_STATE_LOCATION=str(tmp_path))

@@ -1,7 +1,7 @@
 """outbound.py: how we reach the next hop.
 
 * Outgoing proxies: ``outbound.connect_via_proxy``, ``--proxy`` and ``TOR_PT_PROXY``.
-  The fake upstream proxies here (SOCKS5 with or without RFC 1929 auth,
+  The fake upstream proxies (support.FakeProxy: SOCKS5 with or without RFC 1929 auth,
   SOCKS4a, HTTP CONNECT with or without basic auth) record what they were asked
   and relay. A proxy that refuses must give the application a SOCKS error, and
   nothing may ever connect to the destination directly.
@@ -18,18 +18,17 @@
 """
 
 
-import base64
 import os
 import select
 import socket
 import struct
-import threading
 import time
 
 import pytest
 from fake_tor import ManagedPT, client_env, managed_echo_server, tor_env
 from support import (
     EchoServer,
+    FakeProxy,
     Program,
     SocksReplyError,
     closed_port,
@@ -40,157 +39,6 @@ from support import (
 )
 
 import outbound
-
-
-class FakeProxy(EchoServer):
-    """An upstream proxy on 127.0.0.1 of ``kind`` socks5, socks4a or http.
-
-    ``auth``: (user, password) the proxy demands (socks5, http). ``refuse``:
-    answer every request with a failure instead of connecting. ``glue``:
-    bytes sent in the same segment as the success reply, as if the
-    destination had spoken at once. ``status``: the HTTP status line to
-    answer instead of 200 (the proxy then closes). ``requests`` records one
-    dict per request (target, credentials, ...), before the reply is sent.
-    """
-
-    def __init__(self, kind, auth=None, refuse=False, glue=b"", silent=False, status=None):
-        self.kind, self.auth, self.refuse, self.glue, self.silent = kind, auth, refuse, glue, silent
-        self.status = status
-        self.requests = []
-        super().__init__(backlog=16)
-
-    def uri(self, user=None, password=None):
-        credentials = ""
-        if user is not None:
-            credentials = user + (":" + password if password is not None else "") + "@"
-        return "%s://%s127.0.0.1:%d" % (self.kind, credentials, self.address[1])
-
-    def _serve(self, conn):
-        with conn:
-            conn.settimeout(10)
-            try:
-                if self.silent:
-                    conn.recv(1024)   # take the request, never answer
-                    conn.recv(1024)
-                    return
-                upstream = getattr(self, "_" + self.kind)(conn)
-            except (OSError, AssertionError) as exc:
-                self.requests.append({"error": repr(exc)})
-                return
-            if upstream is not None:
-                with upstream:
-                    relay(conn, upstream)
-
-    def _connect(self, record, host, port):
-        record["target"] = (host, port)
-        self.requests.append(record)
-        if self.refuse:
-            return None
-        try:
-            return socket.create_connection((host, port), timeout=10)
-        except OSError:
-            return None
-
-    def _socks5(self, conn):
-        # VER=05 NMETHODS METHODS
-        _, count = recv_exact(conn, 2)
-        methods = recv_exact(conn, count)
-        record = {"methods": methods}
-        if self.auth:
-            if 2 not in methods:
-                conn.sendall(b"\x05\xff")
-                raise AssertionError("client did not offer username/password")
-            conn.sendall(b"\x05\x02")
-            # VER=01 ULEN UNAME PLEN PASSWD
-            _, ulen = recv_exact(conn, 2)
-            user = recv_exact(conn, ulen)
-            plen = recv_exact(conn, 1)[0]
-            password = recv_exact(conn, plen)
-            record["auth"] = (user.decode(), password.decode())
-            record["plen"] = plen
-            if record["auth"] != self.auth:
-                conn.sendall(b"\x01\x01")
-                self.requests.append(record)
-                return None
-            conn.sendall(b"\x01\x00")
-        else:
-            conn.sendall(b"\x05\x00")
-        # VER=05 CMD=01 RSV=00 ATYP DST.ADDR DST.PORT
-        _, cmd, _, atyp = recv_exact(conn, 4)
-        if atyp == 1:
-            host = socket.inet_ntop(socket.AF_INET, recv_exact(conn, 4))
-        elif atyp == 4:
-            host = socket.inet_ntop(socket.AF_INET6, recv_exact(conn, 16))
-        else:
-            host = recv_exact(conn, recv_exact(conn, 1)[0]).decode()
-        port = struct.unpack("!H", recv_exact(conn, 2))[0]
-        record["command"] = cmd
-        upstream = self._connect(record, host, port)
-        # VER=05 REP RSV=00 ATYP=01 BND.ADDR=0.0.0.0 BND.PORT=0
-        conn.sendall(bytes([5, 0 if upstream else 5, 0, 1]) + bytes(6) + (self.glue if upstream else b""))
-        return upstream
-
-    def _socks4a(self, conn):
-        # VN=04 CD=01 DSTPORT DSTIP USERID 00 [HOST 00]
-        _, cmd, port = struct.unpack("!BBH", recv_exact(conn, 4))
-        ip = recv_exact(conn, 4)
-        userid = _read_until(conn, b"\0")
-        if ip[:3] == b"\0\0\0" and ip[3]:
-            host = _read_until(conn, b"\0").decode()
-        else:
-            host = socket.inet_ntoa(ip)
-        upstream = self._connect({"command": cmd, "userid": userid.decode()}, host, port)
-        conn.sendall(bytes([0, 0x5A if upstream else 0x5B]) + bytes(6) + (self.glue if upstream else b""))
-        return upstream
-
-    def _http(self, conn):
-        head = _read_until(conn, b"\r\n\r\n").decode("latin-1").split("\r\n")
-        method, authority, _ = head[0].split(" ")
-        headers = dict(line.split(": ", 1) for line in head[1:] if line)
-        record = {"method": method, "headers": headers}
-        if self.auth:
-            expected = "Basic " + base64.b64encode(("%s:%s" % self.auth).encode()).decode()
-            if headers.get("Proxy-Authorization") != expected:
-                self.requests.append(record)
-                conn.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
-                return None
-        host, _, port = authority.rpartition(":")
-        if self.status is not None:
-            record["target"] = (host.strip("[]"), int(port))
-            self.requests.append(record)
-            conn.sendall(self.status + b"\r\nContent-Length: 0\r\n\r\n")
-            return None
-        upstream = self._connect(record, host.strip("[]"), int(port))
-        if upstream is None:
-            conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
-            return None
-        conn.sendall(b"HTTP/1.1 200 Connection established\r\nX-Fake: yes\r\n\r\n" + self.glue)
-        return upstream
-
-
-def _read_until(conn, end):
-    data = b""
-    while not data.endswith(end):
-        data += recv_exact(conn, 1)
-    return data[:-len(end)]
-
-
-def relay(a, b):
-    """Both directions until both ended, EOF passed on as shutdown(SHUT_WR)."""
-    def pump(src, dst):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-    other = threading.Thread(target=pump, args=(b, a), daemon=True)
-    other.start()
-    pump(a, b)
-    other.join(30)
 
 
 def counting_listener():

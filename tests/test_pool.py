@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from support import wait_until
 
 import listener
 import obfs2
@@ -21,14 +22,6 @@ import obfs4
 import pool
 import proxy
 import transports
-
-
-def wait_until(check, timeout=10.0, what="condition"):
-    end = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > end:
-            pytest.fail("%s: not within %.0f s" % (what, timeout))
-        time.sleep(0.005)
 
 
 class Counter:

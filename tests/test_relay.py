@@ -83,12 +83,16 @@ class Framed:
         while len(self._buffer) >= 2:
             (length,) = struct.unpack(">H", self._buffer[:2])
             if length == 0:
-                raise FramedError("empty frame")
+                raise self.bad_frame(out)
             if len(self._buffer) < 2 + length:
                 break
             out.append(bytes(b ^ 0x5A for b in self._buffer[2:2 + length]))
             del self._buffer[:2 + length]
         return b"".join(out)
+
+    def bad_frame(self, decoded):
+        """The error for an empty frame; ``decoded``: the bodies before it in this read."""
+        return FramedError("empty frame")
 
 
 class Paced(transports.Dummy):
@@ -454,20 +458,10 @@ class Failing(Framed):
     """A Framed whose ProtocolError carries the plaintext of the good frames that
     came in the same read before the bad one (the contract's ``.data``)."""
 
-    def receive(self, data):
-        self._buffer += data
-        out = []
-        while len(self._buffer) >= 2:
-            (length,) = struct.unpack(">H", self._buffer[:2])
-            if length == 0:
-                error = FramedError("empty frame")
-                error.data = b"".join(out)
-                raise error
-            if len(self._buffer) < 2 + length:
-                break
-            out.append(bytes(b ^ 0x5A for b in self._buffer[2:2 + length]))
-            del self._buffer[:2 + length]
-        return b"".join(out)
+    def bad_frame(self, decoded):
+        error = FramedError("empty frame")
+        error.data = b"".join(decoded)
+        return error
 
 
 def test_plaintext_decoded_before_a_protocol_error_is_delivered_first(ends):

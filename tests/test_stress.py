@@ -240,7 +240,7 @@ def explain(result, nodes, most=12):
 
 # --- The checker, proven on a broken relay of our own ------------------------------------
 
-class BrokenRelay:
+class BrokenRelay(EchoServer):
     """A relay with a fixed destination, like a client with --dest, that breaks one
     stream on purpose once ``direction`` of some connection has carried AFTER bytes:
 
@@ -252,7 +252,8 @@ class BrokenRelay:
 
     ``broken`` records where the checker must see it: (conn, direction, offset,
     length, source), the source being (conn, direction, offset) of spliced bytes.
-    It reads the app's preamble to know the connections by their numbers."""
+    It reads the app's preamble to know the connections by their numbers. The
+    accept loop and ``close()`` are EchoServer's; ``_serve`` is the relay."""
 
     AFTER = 10000
 
@@ -261,19 +262,7 @@ class BrokenRelay:
         self.broken = None
         self.recent = {}                # (conn, direction) -> (offset, chunk) last carried
         self.lock = threading.Lock()
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.address = self.listener.getsockname()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                app, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(app,), daemon=True).start()
+        super().__init__(backlog=64)
 
     def _serve(self, app):
         with app, socket.create_connection(self.dest) as dest:
@@ -330,9 +319,6 @@ class BrokenRelay:
                 return data * 2
             self.broken = (conn, direction, offset, len(data), None)
             return b""
-
-    def close(self):
-        self.listener.close()
 
 
 @pytest.mark.parametrize("fault, direction, kind", [

@@ -14,49 +14,17 @@ authority and no fallbacks, so Tor contacts no public address. Every test is slo
 (a few seconds each; the wrong-cert control waits for the script's 30 s limit).
 """
 
-import os
 import re
 import shutil
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-from support import IN_CI, PROGRAM, load_vectors, require_obfs4proxy
+from support import OURS, bootstrap, load_vectors, require_obfs4proxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
 
-SCRIPT = Path(__file__).resolve().parent / "tor-loopback.sh"
-OURS = "%s %s managed" % (sys.executable, PROGRAM)
 SUCCESS = re.compile(r"^tor bootstrap through (\S+): client got the bridge descriptor "
                      r"\((.*)\) \[(/tmp/torbs\.\w+)\]$", re.MULTILINE)
 FAILED = re.compile(r"^tor bootstrap through (\S+): FAILED(.*)\[(/tmp/torbs\.\w+)\]$", re.MULTILINE)
-
-
-def require_tor():
-    """The directory holding tor (for PATH). In CI its absence is a failure (.ci/run
-    installs it); elsewhere the test is skipped with the reason."""
-    found = shutil.which("tor") or shutil.which("tor", path="/usr/sbin:/usr/local/sbin")
-    if found is None:
-        if IN_CI:
-            pytest.fail("tor is not installed, but CI must install it (.ci/run)")
-        pytest.skip("tor is not installed (apt-get install tor); this test runs a real "
-                    "Tor client and bridge on loopback, and CI installs it")
-    return str(Path(found).parent)
-
-
-def bootstrap(client_pt, server_pt, transport, **env):
-    """Run the script; returns (exit status, its stdout+stderr, seconds)."""
-    assert " " not in PROGRAM and " " not in sys.executable, "torrc lines split at spaces"
-    environment = dict(os.environ, BRIDGE_LOG="debug", **env)
-    environment["PATH"] = require_tor() + os.pathsep + environment.get("PATH", "")
-    started = time.monotonic()
-    done = subprocess.run(["bash", str(SCRIPT), client_pt, server_pt, transport],
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, env=environment, timeout=400)
-    seconds = time.monotonic() - started
-    return done.returncode, done.stdout, seconds
 
 
 def assert_bootstrapped(client_pt, server_pt, transport, label):

@@ -19,7 +19,6 @@ import subprocess
 import sys
 
 import pytest
-import testca
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import PROGRAM, EchoServer, Program, echo_round_trip, fmt, socks5_connect
@@ -53,16 +52,6 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
 
 
 # --- Fixtures and drivers -------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory):
-    return testca.make_ca(tmp_path_factory.mktemp("ca"))
-
-
-@pytest.fixture(scope="module")
-def other_ca(tmp_path_factory):
-    return testca.make_ca(tmp_path_factory.mktemp("other-ca"))
-
 
 @pytest.fixture
 def trusted(ca, monkeypatch):

@@ -32,8 +32,6 @@ import shutil
 import socket
 import ssl
 import struct
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,17 +42,18 @@ import testca
 from fake_tor import ExtORPort, ManagedPT, client_env, server_env, write_cookie
 from nginx import Nginx, free_port, require_nginx
 from support import (
-    PROGRAM,
+    OURS,
     EchoServer,
+    FakeProxy,
     Program,
     SocksReplyError,
+    bootstrap,
     echo_round_trip,
     fmt,
     recv_all,
     recv_exact,
     socks5_connect,
 )
-from test_outbound import FakeProxy
 
 PATH = "/k7Qm2Zx1c1b00b6"
 SERVER_URL = "https://wt.test" + PATH            # the bridge's url=, as its operator gives it
@@ -93,17 +92,6 @@ def sha(data):
 
 
 # --- The parts, started per test and always stopped -----------------------------------
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory):
-    return testca.make_ca(tmp_path_factory.mktemp("ca"))
-
-
-@pytest.fixture(scope="module")
-def other_ca(tmp_path_factory):
-    """A second CA: a client trusting only this one cannot verify nginx's certificate."""
-    return testca.make_ca(tmp_path_factory.mktemp("other-ca"))
-
 
 @pytest.fixture
 def parts(tmp_path, ca):
@@ -796,8 +784,6 @@ def test_server_terminating_tls_itself_carries_data(parts, kind):
 
 # --- A real Tor bootstraps through nginx and our webtunnel ---------------------------------------
 
-SCRIPT = Path(__file__).resolve().parent / "tor-loopback.sh"
-OURS = "%s %s managed" % (sys.executable, PROGRAM)
 SUCCESS = re.compile(r"^tor bootstrap through webtunnel: client got the bridge descriptor "
                      r"\((.*)\) \[(/tmp/torbs\.\w+)\]$", re.MULTILINE)
 
@@ -808,24 +794,17 @@ def test_tor_bootstraps_through_nginx_and_webtunnel(parts, secret):
     """tor-loopback.sh with our program on both sides: the bridge's webtunnel listens on
     PT_PORT behind nginx, and the client's Bridge line dials nginx with the test CA
     trusted. The control: the same run with a path nginx does not route must fail."""
-    from test_tor import require_tor
-    assert " " not in PROGRAM and " " not in sys.executable, "torrc lines split at spaces"
     port = free_port()
     front = parts.nginx(("127.0.0.1", port))
-    environment = dict(os.environ, BRIDGE_LOG="debug", PT_PORT=str(port), SSL_CERT_FILE=parts.ca.ca_file,
-                       BRIDGE_EXTRA="ServerTransportOptions webtunnel url=" + SERVER_URL,
-                       BRIDGE_ARGS="url=https://127.0.0.1:%d%s servername=%s"
-                                   % (front.address[1], secret, NAME))
-    environment["PATH"] = require_tor() + os.pathsep + environment.get("PATH", "")
-    started = time.monotonic()
-    done = subprocess.run(["bash", str(SCRIPT), OURS, OURS, "webtunnel"], stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=environment, timeout=400)
+    status, output, seconds = bootstrap(
+        OURS, OURS, "webtunnel", PT_PORT=str(port), SSL_CERT_FILE=parts.ca.ca_file,
+        BRIDGE_EXTRA="ServerTransportOptions webtunnel url=" + SERVER_URL,
+        BRIDGE_ARGS="url=https://127.0.0.1:%d%s servername=%s" % (front.address[1], secret, NAME))
     print("\nwebtunnel (path %s): tor-loopback.sh in %.1f s, exit status %d:\n%s"
-          % (secret, time.monotonic() - started, done.returncode, done.stdout))
-    match = SUCCESS.search(done.stdout)
+          % (secret, seconds, status, output))
+    match = SUCCESS.search(output)
     if secret == PATH:
-        assert done.returncode == 0 and match, done.stdout
+        assert status == 0 and match, output
         assert "ExtORPort auth ok" in match.group(1), match.group(1)
         # Tor took X-Forwarded-For's address (set by nginx) as the client's: port 60000.
         bridge_log = (Path(match.group(2)) / "bridge" / "log").read_text(errors="replace")
@@ -833,7 +812,7 @@ def test_tor_bootstraps_through_nginx_and_webtunnel(parts, secret):
         assert "with transport 'webtunnel'" in bridge_log
         shutil.rmtree(match.group(2), ignore_errors=True)
     else:
-        assert done.returncode == 1 and not match, done.stdout
-        failed = re.search(r"\[(/tmp/torbs\.\w+)\]$", done.stdout.strip())
+        assert status == 1 and not match, output
+        failed = re.search(r"\[(/tmp/torbs\.\w+)\]$", output.strip())
         if failed:
             shutil.rmtree(failed.group(1), ignore_errors=True)
