@@ -1584,6 +1584,9 @@ def main(argv=None):
         return sink_main()
     if argv[:1] == ["_ceiling"]:
         return ceiling_main(argv[1])
+    if "--fairness" in argv:                   # its own section: bench/fairness.py
+        import fairness
+        return fairness.main([arg for arg in argv if arg != "--fairness"])
     options = parse_options(argv)
     fd_limit = raise_fd_limit()
     threading.stack_size(512 * 1024)
