@@ -153,6 +153,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+import socks  # noqa: E402  (the SOCKS messages are written once, in socks.py)
+
+METHOD_NO_AUTH, METHOD_USERPASS = bytes([socks.METHOD_NO_AUTH]), bytes([socks.METHOD_USERPASS])
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -526,26 +530,25 @@ def start_sink():
 # --- Reaching the sink: directly or through a SOCKS5 client ---------------------------------
 
 def socks5_request(target):
-    host, port = target
-    return b"\x05\x01\x00\x01" + socket.inet_aton(host) + struct.pack("!H", port)
+    return socks.socks5_connect(*target)
 
 
 def socks5_reply_rest(head):
-    if head[0] != 5:
+    """What is left to read of a SOCKS5 reply after its first 4 bytes; refused -> error."""
+    if head[0] != socks.SOCKS5_VERSION:
         raise ConnectionError("not a SOCKS5 reply: %r" % head)
     if head[1] != 0:
         raise ConnectionError("SOCKS5 reply code 0x%02x" % head[1])
-    if head[3] not in (1, 4):
+    if head[3] not in (socks.ATYP_IPV4, socks.ATYP_IPV6):
         raise ConnectionError("SOCKS5 reply with address type %d" % head[3])
-    return {1: 4, 4: 16}[head[3]] + 2          # the bound address and port: ignored
+    return socks.socks5_reply_length(head)      # the bound address and port: ignored
 
 
 def socks5_auth(args):
     """The pt-spec 3.5 way to pass a bridge's arguments: "k=v;k=v" as the RFC 1929
     username (its first 255 bytes) and password (the rest, or one NUL)."""
     raw = ";".join("%s=%s" % item for item in sorted(args.items())).encode()
-    user, password = raw[:255], raw[255:] or b"\0"
-    return bytes([1, len(user)]) + user + bytes([len(password)]) + password
+    return socks.socks5_userpass(raw[:255], raw[255:] or b"\0")
 
 
 class Route:
@@ -563,8 +566,8 @@ class Route:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.target is not None:
-                method = b"\x02" if self.args else b"\x00"
-                sock.sendall(b"\x05\x01" + method)           # greeting: one method
+                method = METHOD_USERPASS if self.args else METHOD_NO_AUTH
+                sock.sendall(socks.socks5_greeting(method))    # greeting: one method
                 if recv_exact(sock, 2) != b"\x05" + method:
                     raise ConnectionError("SOCKS5 greeting refused")
                 if self.args:
@@ -583,8 +586,8 @@ class Route:
         try:
             writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.target is not None:
-                method = b"\x02" if self.args else b"\x00"
-                writer.write(b"\x05\x01" + method)
+                method = METHOD_USERPASS if self.args else METHOD_NO_AUTH
+                writer.write(socks.socks5_greeting(method))
                 if await reader.readexactly(2) != b"\x05" + method:
                     raise ConnectionError("SOCKS5 greeting refused")
                 if self.args:
