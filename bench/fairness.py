@@ -46,13 +46,22 @@ import json
 import os
 import re
 import selectors
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402  (the setups, the sink and the SOCKS route are bench.py's)
+import children  # noqa: E402
+import machine  # noqa: E402
+import measure  # noqa: E402
+import report  # noqa: E402
+import routes  # noqa: E402
+import setups  # noqa: E402
+import traffic  # noqa: E402
+
+import bench  # noqa: E402  (bench.py's setups, sink, SOCKS route and tables are reused)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_SETUPS = ("ours-obfs4", "o4p-obfs4", "ours-obfs2", "o4p-obfs2")
@@ -69,9 +78,9 @@ WARMUP = 1.0                # seconds the bulk tunnels run before a window start
 # --- The load processes ------------------------------------------------------------------
 
 def route_of(spec):
-    """A bench.Route from its JSON form (first hop, SOCKS target, SOCKS arguments)."""
+    """A routes.Route from its JSON form (first hop, SOCKS target, SOCKS arguments)."""
     first_hop, target, args = spec
-    return bench.Route(tuple(first_hop), tuple(target) if target else None, args)
+    return routes.Route(tuple(first_hop), tuple(target) if target else None, args)
 
 
 def be_nice():
@@ -88,7 +97,7 @@ def bulk_main(spec, count):
     socks = []
     for _ in range(int(count)):
         sock = route.connect()
-        sock.sendall(bench.HEADER.pack(b"DOWN", BULK_FOREVER))
+        sock.sendall(traffic.HEADER.pack(b"DOWN", BULK_FOREVER))
         sock.setblocking(False)
         socks.append(sock)
     selector = selectors.DefaultSelector()
@@ -133,8 +142,8 @@ def probe_main(spec, window, tunnels):
     socks = []
     for _ in range(tunnels):
         sock = route.connect()
-        sock.sendall(bench.HEADER.pack(b"ECHO", 0) + b"w")
-        bench.recv_exact(sock, 1)
+        sock.sendall(traffic.HEADER.pack(b"ECHO", 0) + b"w")
+        traffic.recv_exact(sock, 1)
         sock.setblocking(False)
         socks.append(sock)
     selector = selectors.DefaultSelector()
@@ -181,7 +190,7 @@ def storm_main(spec, count):
         began = time.monotonic()
         reader, writer = await route.open()
         try:
-            writer.write(bench.HEADER.pack(b"ECHO", 0) + b"s")
+            writer.write(traffic.HEADER.pack(b"ECHO", 0) + b"s")
             await reader.readexactly(1)
             return time.monotonic() - began
         finally:
@@ -261,7 +270,7 @@ class Load:
     def __init__(self, *args):
         self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__)] + [str(a) for a in args],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.lines = bench.Lines(self.process.stdout)
+        self.lines = children.Lines(self.process.stdout)
 
     def line(self, timeout=120.0):
         return self.lines.wait_for(self.ANY, timeout=timeout).group(1)
@@ -335,7 +344,7 @@ def listen_overflows():
 def percentiles(ordered):
     if not ordered:
         return None, None
-    return bench.percentile(ordered, 50) * 1000, bench.percentile(ordered, 99) * 1000
+    return measure.percentile(ordered, 50) * 1000, measure.percentile(ordered, 99) * 1000
 
 
 def test_latency(setup, level, options):
@@ -350,14 +359,14 @@ def test_latency(setup, level, options):
 
 def paced_upload(setup):
     """One iat-mode 2 tunnel uploads PACED_SIZE bytes: its MB/s."""
-    route = bench.Route(setup.route.first_hop, setup.route.target,
+    route = routes.Route(setup.route.first_hop, setup.route.target,
                         dict(setup.route.args, **{"iat-mode": "2"}))
     with route.connect() as sock:
         sock.settimeout(300)
         start = time.monotonic()
-        sock.sendall(bench.HEADER.pack(b"UP  ", PACED_SIZE))
-        bench.send_stream(sock, bench.TAG_UP, PACED_SIZE)
-        bench.recv_exact(sock, 32)
+        sock.sendall(traffic.HEADER.pack(b"UP  ", PACED_SIZE))
+        traffic.send_stream(sock, traffic.TAG_UP, PACED_SIZE)
+        traffic.recv_exact(sock, 32)
         return PACED_SIZE / (time.monotonic() - start) / 1e6
 
 
@@ -394,7 +403,7 @@ def good_client(setup, count):
     times = []
     for _ in range(count):
         began = time.monotonic()
-        bench.one_echo(setup.route)
+        measure.one_echo(setup.route)
         times.append(time.monotonic() - began)
     return sorted(times)
 
@@ -405,12 +414,12 @@ def test_attack(setup, attacked, options):
     if attacked:
         load = Load("_attack", json.dumps(server.address), options.slow, options.silent)
         opened = json.loads(load.line(timeout=180))
-    cpu_before = bench.cpu_seconds([server.pid])
+    cpu_before = machine.cpu_seconds([server.pid])
     try:
         rtts = probe(setup.route, options.window, tunnels=5)
         opens = good_client(setup, 20)
     finally:
-        cpu_after = bench.cpu_seconds([server.pid])
+        cpu_after = machine.cpu_seconds([server.pid])
         if load:
             load.stop()
     result = {"rtt_p99": percentiles(rtts)[1], "open_p50": percentiles(opens)[0],
@@ -435,9 +444,9 @@ def pairs(names):
             if name.startswith("ours-") and "o4p-" + name[len("ours-"):] in names]
 
 
-def report(results, options):
+def tables(results, options):
     lines = []
-    fmt = bench.fmt
+    fmt = report.fmt
     if "latency" in results:
         lines.append("Interactive RTT, ms, p50 / p99 (median over %d repetitions; bulk MB/s)"
                      % options.reps)
@@ -459,7 +468,7 @@ def report(results, options):
                 row.append("-" if not (a and b) else "%s / %s" % (ratio(a["p50"], b["p50"]),
                                                                    ratio(a["p99"], b["p99"])))
             rows.append(row)
-        lines.append(bench.table(header, rows))
+        lines.append(report.table(header, rows))
         lines.append("floors: ratio p50 and p99 <= 1.5x at 1, 4 and 16 bulk; p50 <= 2.0x at 0 bulk")
         lines.append("")
     if results.get("iat2"):
@@ -470,7 +479,7 @@ def report(results, options):
             if cell:
                 rows.append([name, "%s -> %s (%s)" % (fmt(cell["unloaded"], 3), fmt(cell["loaded"], 3),
                                                       ratio(cell["loaded"], cell["unloaded"]))])
-        lines.append(bench.table(["setup", "paced tunnel"], rows))
+        lines.append(report.table(["setup", "paced tunnel"], rows))
         lines.append("floor: loaded / unloaded >= 0.7 (obfs4proxy measured 0.76 in the study)")
         lines.append("")
     if "storm" in results:
@@ -487,7 +496,7 @@ def report(results, options):
             if a and b:
                 rows.append(["%s / o4p" % ours, ratio(a["took"], b["took"]), "", "%s / %s" % (
                     ratio(a["p50"], b["p50"]), ratio(a["p99"], b["p99"])), ""])
-        lines.append(bench.table(["setup", "all echoed, s", "failed", "echo p50 / p99, ms",
+        lines.append(report.table(["setup", "all echoed, s", "failed", "echo p50 / p99, ms",
                                   "listen overflows"], rows))
         lines.append("floor: time <= 1.5x obfs4proxy's, 0 failures, 0 listen overflows")
         lines.append("")
@@ -505,7 +514,7 @@ def report(results, options):
                                                 ratio(w["open_p50"], wo["open_p50"])),
                              "%s -> %s" % (fmt(wo["open_max"], 0), fmt(w["open_max"], 0)),
                              fmt(w["server_cpu"], 2), "%s/%s" % (w.get("opened"), w.get("refused"))])
-        lines.append(bench.table(["setup", "tunnel echo p99, ms", "good open p50, ms",
+        lines.append(report.table(["setup", "tunnel echo p99, ms", "good open p50, ms",
                                   "good open max, ms", "bridge CPU s", "attack opened/refused"], rows))
         lines.append("floor: with / without <= 2x for the echo p99 and the good client's open time")
         lines.append("")
@@ -527,7 +536,7 @@ def parse_options(argv):
     parser.add_argument("--slow", type=int, help="slow attack connections [2000]")
     parser.add_argument("--silent", type=int, help="silent attack connections [2048]")
     parser.add_argument("--obfsproxy", default=os.path.join(bench.ROOT, "obfsproxy.py"))
-    parser.add_argument("--obfs4proxy", default=bench.shutil.which("obfs4proxy") or "/usr/bin/obfs4proxy")
+    parser.add_argument("--obfs4proxy", default=shutil.which("obfs4proxy") or "/usr/bin/obfs4proxy")
     parser.add_argument("--json", metavar="PATH")
     options = parser.parse_args(argv)
     quick = options.quick
@@ -539,7 +548,7 @@ def parse_options(argv):
     options.silent = options.silent or (200 if quick else 2048)
     options.setups = [name for name in options.setups.split(",") if name]
     options.tests = [name for name in options.tests.split(",") if name]
-    unknown = [name for name in options.setups if name not in bench.SETUPS]
+    unknown = [name for name in options.setups if name not in setups.SETUPS]
     if unknown or set(options.tests) - set(TESTS):
         wrong = unknown + sorted(set(options.tests) - set(TESTS))
         parser.error("unknown setup or test: %s" % ", ".join(wrong))
@@ -555,12 +564,12 @@ def main(argv=None):
     if argv[:1] and argv[0] in commands:
         return commands[argv[0]](*argv[1:])
     options = parse_options(argv)
-    bench.raise_fd_limit()
-    # bench.Setup reads these from bench.py's own options; fairness needs no others.
+    machine.raise_fd_limit()
+    # setups.Setup reads these from bench.py's own options; fairness needs no others.
     options.profile = None
-    meter = bench.Meter()
-    sink = bench.start_sink()
-    setups = [bench.Setup(name, options, sink, meter) for name in options.setups]
+    meter = machine.Meter()
+    sink = children.start_sink()
+    setups = [setups.Setup(name, options, sink, meter) for name in options.setups]
     results = {test: {} for test in options.tests}
     began = time.monotonic()
 
@@ -593,7 +602,7 @@ def main(argv=None):
                     for name, cells in found.items():
                         results["latency"][(name, level)] = {
                             key: (None if any(c[key] is None for c in cells)
-                                  else bench.median([c[key] for c in cells]))
+                                  else measure.median([c[key] for c in cells]))
                             for key in ("p50", "p99", "bulk_mbs")}
             obfs4 = [s for s in setups if s.transport == "obfs4"]
             if "iat2" in options.tests:
@@ -632,7 +641,7 @@ def main(argv=None):
           % (time.strftime("%Y-%m-%d %H:%M"), bench.describe_tree(options.obfsproxy),
              time.monotonic() - began))
     print()
-    print(report(results, options))
+    print(tables(results, options))
     print("Ratios are ours / obfs4proxy's in the same run; absolute figures move with the "
           "machine's other load.")
     if options.json:
