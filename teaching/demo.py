@@ -46,11 +46,9 @@ demo_base.py. A transport without a walk of its own gets ``walk_generic``.
 import sys
 import textwrap
 
-import capture
-import demo_obfs
-import demo_webtunnel
-import present
-from demo_base import (
+from outbound import format_address
+from teaching import capture, demo_obfs, demo_webtunnel, present
+from teaching.demo_base import (
     MESSAGE,
     SHOW_FRAMES,
     SIGNATURES,
@@ -58,7 +56,6 @@ from demo_base import (
     application_bytes,
     run_exchange,
 )
-from outbound import format_address
 
 
 def main(name, options, settings, record_dir=None, seed=None):

@@ -4,15 +4,22 @@ derived them, the data as sent; every value checked against the recorded wire.""
 
 import time
 
-import capture
 import obfs2
 import obfs3
 import obfs4
-import present
 from curve25519 import elligator2_direct, x25519
-from demo_base import MESSAGE, SHOW_FRAMES, Stage, application_bytes, bytes_from, ephemeral_secret, hexblock
 from obfs4_crypto import SecretBox
 from obfs4_drbg import HashDrbg
+from teaching import capture, present
+from teaching.demo_base import (
+    MESSAGE,
+    SHOW_FRAMES,
+    Stage,
+    application_bytes,
+    bytes_from,
+    ephemeral_secret,
+    hexblock,
+)
 
 
 def walk_obfs2(walk):

@@ -28,12 +28,11 @@ from Crypto.Hash import SHA256
 from Crypto.PublicKey import ECC
 from Crypto.Signature import DSS
 
-import present
 import proxy
-import tlswire
 import webtunnel
-from demo_base import MESSAGE, Stage, application_bytes
 from outbound import format_address, is_ip_literal
+from teaching import present, tlswire
+from teaching.demo_base import MESSAGE, Stage, application_bytes
 
 # --- webtunnel: the demo's certificate --------------------------------------------------------
 #

@@ -17,10 +17,10 @@ import obfs2
 import obfs3
 import obfs4
 import outbound
-import present
 import proxy
 import transports
 from outbound import format_address
+from teaching import present
 
 MESSAGE = (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
            b" <- a TLS ClientHello starts like this; a DPI box matches it. "
