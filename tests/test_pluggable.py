@@ -3,9 +3,10 @@
 ``TOY`` below is a transport written from the contract at the top of
 transports.py alone, as a new author would write it: its ``client_config``
 raises a plain ValueError for an absent argument (no optional ``.missing``),
-and its SOCKS client still starts with no options (issue 27). The test copies the project's modules into a temporary
-folder, adds ``toy.py`` there and exactly two lines to the copy of
-transports.py (its import, and its line in ``TRANSPORTS``), and then runs the
+and its SOCKS client still starts with no options. The test copies the
+project's modules into a temporary folder, adds ``toy.py`` there and exactly
+two lines to the copy of transports.py (its import, and its line in
+``TRANSPORTS``), and then runs the
 copy as a user and Tor would: ``--help`` lists it; ``server`` serves it (with
 its option, announced in the bridge line); ``client`` speaks it over SOCKS
 with arguments and as a fixed forward from a pasted bridge line; ``managed``
