@@ -46,9 +46,9 @@ The contract (duck-typed; ``Dummy`` below is the smallest example)::
         def send(self, plaintext) -> bytes  # the bytes for the wire; may change lengths
         is_open: bool                     # application data may flow now
 
-    Errors never quote a value: an option may be a secret (secret_options, a
-    private key, a url= path), and a ProtocolError's or ValueError's text reaches
-    the log and Tor's log. Say which argument and what is wrong with it.
+    Errors never quote a value that may be secret (a secret option's, a private
+    key, a url= path): a ProtocolError's or ValueError's text reaches the log and
+    Tor's log. Say which argument and what is wrong with it.
 
     Optional members, each with the default the core uses without it:
 
