@@ -176,6 +176,10 @@ class Listener:
                     self.tick()
         selector.close()
         self.pools.close()
+        with self._lock:
+            cut = self.live
+        if cut:   # said, so that the log shows that transfers were cut short
+            log.log(NOTICE, "stopping now: %d live connection(s) reset", cut)
         for pump in self.pumps:       # what is still live is cut: reset, never a clean end
             pump.stop(abort=True)
         with self._lock:  # let the waiting threads go
@@ -387,8 +391,11 @@ def listen(address, backlog=512):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(sockaddr)
         sock.listen(backlog)
-    except OSError:
+    except OSError as exc:
         sock.close()
+        if isinstance(exc, PermissionError) and 0 < port < 1024 and sys.platform != "win32":
+            raise PermissionError(exc.errno, "%s (ports below 1024 need root or the "
+                                  "CAP_NET_BIND_SERVICE capability)" % exc.strerror)
         raise
     return sock
 

@@ -81,16 +81,23 @@ class Announcer:
         self.errors = 0              # CMETHOD-ERROR and SMETHOD-ERROR lines said
 
     def say(self, *words):
+        method_error = bool(words) and words[0] in ("CMETHOD-ERROR", "SMETHOD-ERROR")
+        self.errors += method_error
         # A value from the environment must not be able to start a new line.
-        if words and words[0] in ("CMETHOD-ERROR", "SMETHOD-ERROR"):
-            self.errors += 1
         line = "".join(ch if ch.isprintable() else "?" for ch in " ".join(words))
+        if words and words[0].endswith("-ERROR"):   # an error carries no secret value (ARGS may)
+            line = SECRETS.sub(r"\1[scrubbed]", line)
         with self._lock:
             try:
                 self._write(line + "\n")
             except (OSError, ValueError) as exc:
                 log.warning("cannot write to Tor's stdout pipe: %s", exc)
-        log.debug("to Tor: %s", SECRETS.sub(r"\1[scrubbed]", line))
+        if method_error:
+            # Our log says why a transport is not listening, as Tor's log does
+            # (TorLog does not send it back to Tor as a LOG line).
+            log.warning("%s", line.partition(" ")[2].replace(" ", ": ", 1), extra={"told_tor": True})
+        else:
+            log.debug("to Tor: %s", SECRETS.sub(r"\1[scrubbed]", line))
 
 
 def take_stdout():
@@ -186,17 +193,23 @@ def parse_transport_options(text):
     Format (pt-spec 3.2.3): ``name:key=value`` items joined by ``;``, where a
     backslash escapes ``:``, ``;``, ``=`` and ``\\``. Example:
     ``obfs2:shared-secret=a\\;b`` -> {'obfs2': {'shared-secret': 'a;b'}}.
+
+    An error says where (item number, character), never the item: its value
+    may be a secret, and ENV-ERROR lands in Tor's log.
     """
     options = {}
     try:
-        for item in socks.split_escaped(text, ";"):
+        start = 0                  # where the next item begins in ``text``, from 0
+        for number, item in enumerate(socks.split_escaped(text, ";"), 1):
+            here, start = start + 1, start + len(item) + 1
             if not item:
                 continue
             name, *rest = socks.split_escaped(item, ":")
             pair = ":".join(rest)
             key, *value = socks.split_escaped(pair, "=")
             if not rest or not name or not value or not key:
-                raise ValueError("%r is not TRANSPORT:KEY=VALUE" % item)
+                raise ValueError("item %d (from character %d) is not TRANSPORT:KEY=VALUE"
+                                 % (number, here))
             value = socks.unescape("=".join(value))
             options.setdefault(socks.unescape(name), {})[socks.unescape(key)] = value
     except ValueError as exc:
@@ -322,7 +335,9 @@ class TorLog(logging.Handler):
     """A failure the user can act on (a warning or error, or a connection's
     failure said at NOTICE: ``Listener.complain``), also as ``LOG
     SEVERITY=notice MESSAGE="..."`` on stdout (pt-spec 3.3.4; the message is a
-    quoted string, ``\\`` and ``\"`` escaped). Startup lines stay in our log."""
+    quoted string, ``\\`` and ``\"`` escaped). Startup lines stay in our log.
+    A secret option's value (``secret_options``) is scrubbed here too, in case a
+    message quotes one: our messages do not, by rule."""
 
     TOR_SEVERITIES = ((logging.ERROR, "error"), (logging.WARNING, "warning"), (NOTICE, "notice"))
 
@@ -333,8 +348,10 @@ class TorLog(logging.Handler):
     def emit(self, record):
         if record.levelno < logging.WARNING and not getattr(record, "failure", False):
             return
+        if getattr(record, "told_tor", False):   # a *METHOD-ERROR line already said it
+            return
         try:
-            text = record.getMessage()
+            text = SECRETS.sub(r"\1[scrubbed]", record.getMessage())
         except Exception:   # a malformed record: never let logging fail a connection
             return
         name = next(name for level, name in self.TOR_SEVERITIES if record.levelno >= level)

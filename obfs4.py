@@ -234,7 +234,11 @@ def epoch_hour(now):
 def _from_hex(text, length, what):
     """Exactly ``length`` bytes from hex digits (either case), or ValueError."""
     if not isinstance(text, str) or not re.fullmatch(r"(?:[0-9a-fA-F]{2})*", text):
-        raise ValueError("malformed %s %r: not hex" % (what, text))
+        # Where, never what: the text may be a private key (safe logging).
+        bad = re.search(r"[^0-9a-fA-F]", text) if isinstance(text, str) else None
+        why = ("not a string" if not isinstance(text, str) else "character %d is not a hex digit"
+               % (bad.start() + 1) if bad else "an odd number of digits")
+        raise ValueError("malformed %s: not hex (%s)" % (what, why))
     raw = bytes.fromhex(text)
     if len(raw) != length:
         raise ValueError("invalid %s: %d bytes, want %d (%d hex digits)"

@@ -362,12 +362,10 @@ def run_external(args, mode):
         handler = proxy.handle_server
     else:
         settings = dataclasses.replace(settings, options=options, dest=dest)
-        try:
-            settings.client_config()   # check the defaults now, not at the first connection
+        try:   # the defaults now, not at the first connection
+            transports.check_client_options(cls, options, fixed=dest is not None)
         except ValueError as exc:
-            # Without a bridge, SOCKS arguments may still bring what is missing (cert=).
-            if dest is not None or not getattr(exc, "missing", None):
-                raise UsageError("%s client: %s" % (name, exc))
+            raise UsageError("%s client: %s" % (name, exc))
         handler = proxy.handle_fixed_client if dest else proxy.handle_socks_client
     try:
         pool_size = pool.configured_size()

@@ -410,8 +410,11 @@ def _dial(settings, config, address, deadline, tunnel, label=""):
 def handle_server(conn, settings, tunnel):
     """Transport handshake with the client -> connect to --dest -> a Relay.
 
-    We reach the destination only after the handshake succeeded, so probes and
-    garbage never touch Tor's ORPort. A failed handshake gets the transport's
+    We reach the destination only after the handshake succeeded. For obfs4 and
+    webtunnel, whose handshakes check a secret first, probes and garbage never
+    touch Tor's ORPort; obfs3 takes any 192 bytes for a public value, so such
+    garbage does reach --dest (with an Extended ORPort, reported to Tor as a
+    user), as with obfs4proxy's obfs3. A failed handshake gets the transport's
     answer if it has one (webtunnel: a web server's 404 page), or silence; a
     transport with ``failure_linger`` (obfs4) keeps it open, reading and
     discarding, until that many seconds after accept; then a FIN, as

@@ -66,6 +66,12 @@ username+password or as the SOCKS4 USERID: ``k=v;k=v`` with backslash escaping
 ``\``, ``;`` and ``=``. ``parse_args`` decodes them; it is also the parser of
 every other ``k=v;k=v`` string of the program, and ``split_escaped`` is the
 splitting step under it (TOR_PT_SERVER_TRANSPORT_OPTIONS).
+
+The arguments may carry secrets (obfs2's shared-secret, webtunnel's url= path),
+and a target host name is as private as an address, so no error message here
+quotes either: an argument error gives its position (and at most its key), a
+host-name error what is wrong with the name. The log and Tor's log see these
+messages (listener.py, managed.py's LOG lines).
 """
 
 import ipaddress
@@ -168,7 +174,7 @@ def split_escaped(text, separator):
     while i < len(text):
         if text[i] == "\\":
             if i + 1 == len(text):
-                raise ValueError("%r ends in a lone backslash" % text)
+                raise ValueError("a lone backslash ends the text (character %d)" % len(text))
             current.append(text[i:i + 2])
             i += 2
             continue
@@ -202,19 +208,26 @@ def parse_args(text):
     client works with the other. One leniency is kept on purpose: a needless
     escape (``\x``) is the character itself, which obfs4proxy refuses: the
     ``k=v`` parts of TOR_PT_SERVER_TRANSPORT_OPTIONS may escape ``:`` too.
+
+    Errors say where, never what: the text may hold a secret (the module
+    docstring). Positions count characters from 1, escapes included.
     """
     args = {}
     if not text:
         return args
-    for pair in split_escaped(text, ";"):
+    start = 0                      # where this pair begins in ``text``, from 0
+    for number, pair in enumerate(split_escaped(text, ";"), 1):
         if not pair:
-            raise ValueError("empty argument in %r (a stray ';')" % text)
+            raise ValueError("argument %d is empty: a stray ';' at character %d"
+                             % (number, max(start, 1)))
         key, *value = split_escaped(pair, "=")
         if not value:
-            raise ValueError("argument %r has no '='" % unescape(pair))
+            raise ValueError("argument %d (from character %d) has no '=': KEY=VALUE expected"
+                             % (number, start + 1))
         if not key:
-            raise ValueError("argument with an empty key")
+            raise ValueError("argument %d (from character %d) has an empty key" % (number, start + 1))
         args[unescape(key)] = unescape("=".join(value))
+        start += len(pair) + 1
     return args
 
 
@@ -269,7 +282,7 @@ def _encoded_hostname(host):
     """The UTF-8 bytes of a host name for a request; ValueError when it cannot be one."""
     problem = _hostname_problem(host)
     if problem:
-        raise ValueError("%r is not a host name: %s" % (host, problem))
+        raise ValueError("not a host name: %s" % problem)
     return host.encode("utf-8")
 
 
@@ -586,13 +599,15 @@ class SocksServer:
 
     def _hostname(self, raw, what):
         """A target host name from the wire, or a refusal (see the module docstring)."""
+        # Never the name itself: it is the target, which the log scrubs like an address.
         try:
             name = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            self._fail("%s %r is not UTF-8" % (what, raw), GENERAL_FAILURE)
+        except UnicodeDecodeError as exc:
+            self._fail("%s is not UTF-8 (byte %d of %d)" % (what, exc.start + 1, len(raw)),
+                       GENERAL_FAILURE)
         problem = _hostname_problem(name)
         if problem:
-            self._fail("%s %r is not a host name: %s" % (what, name, problem), GENERAL_FAILURE)
+            self._fail("%s is not a host name: %s" % (what, problem), GENERAL_FAILURE)
         return name
 
     def _check_target_port(self, port):
@@ -603,8 +618,13 @@ class SocksServer:
         """pt-spec 3.5 arguments from the SOCKS4 USERID or the SOCKS5
         UNAME | PASSWD bytes, decoded the same way for both."""
         try:
-            return parse_args(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:   # its text quotes a byte of the arguments: not said
+            raise SocksError("bad per-connection arguments: not UTF-8 (byte %d of %d)"
+                             % (exc.start + 1, len(raw)), failure_reply)
+        try:
+            return parse_args(text)
+        except ValueError as exc:
             raise SocksError("bad per-connection arguments: %s" % exc, failure_reply)
 
     def _finish(self, host, port, args, consumed):

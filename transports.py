@@ -23,7 +23,12 @@ The contract (duck-typed; ``Dummy`` below is the smallest example)::
             # options: {str: str}, the command line's defaults merged with the
             # connection's SOCKS arguments (pt-spec 3.5). ValueError, in words naming
             # the argument: the SOCKS client gets a general-failure reply. Unknown
-            # arguments are refused, not ignored.
+            # arguments are refused, not ignored. At start-up it is also called with
+            # the command line's options alone: a fixed client's (--bridge, --dest)
+            # ValueError refuses to start; a SOCKS client given no options has nothing
+            # to refuse (its arguments come with each connection); a SOCKS client given
+            # some is refused too, unless the error names in .missing an argument that
+            # each connection may still bring (optional: error.missing = "cert").
         @classmethod
         def server_config(cls, options, state_dir) -> (config, announce)
             # once per listener: load or create state (obfs4 keys), the replay
@@ -41,6 +46,10 @@ The contract (duck-typed; ``Dummy`` below is the smallest example)::
         def send(self, plaintext) -> bytes  # the bytes for the wire; may change lengths
         is_open: bool                     # application data may flow now
 
+    Errors never quote a value that may be secret (a secret option's, a private
+    key, a url= path): a ProtocolError's or ValueError's text reaches the log and
+    Tor's log. Say which argument and what is wrong with it.
+
     Optional members, each with the default the core uses without it:
 
         @classmethod
@@ -57,13 +66,16 @@ The contract (duck-typed; ``Dummy`` below is the smallest example)::
         def prepare(cls, initiator, config) -> (key, make) or None
             # handshake material made ahead of time (pool.py; default: none): make()
             # returns one single-use item for __init__'s prepared=; sides whose keys
-            # are equal share a pool. config is None for a SOCKS client listener, whose
-            # arguments come with each connection.
+            # are equal share a pool. config is None for a SOCKS client listener whose
+            # command-line options made none (its arguments come with each connection).
         @classmethod
         def crypto_routes(cls) -> ({piece: route}, [pieces in pure Python])
             # what the startup log and the route report say (obfs4: PyNaCl, pycryptodome
             # or pure Python, chosen at import by known answers)
         secret_options = ()               # option names whose values never reach a log
+                                          # (scrubbed from every line to Tor but SMETHOD)
+        ValueError.missing: str           # client_config's error for an absent argument
+                                          # (obfs4's cert=, webtunnel's url=), above
         uses_state_dir = False            # server_config keeps state in state_dir
         config.notes: tuple of str        # said once at NOTICE by the core (what utls= becomes)
         def failure_hint(self, kind) -> str
@@ -187,6 +199,25 @@ TRANSPORTS = {
     "dummy": Dummy,
 }
 
+
+
+def check_client_options(cls, options, fixed):
+    """Check a client's command-line options at start-up, as the contract's
+    client_config says: ValueError to refuse to start.
+
+    ``fixed``: every connection goes to one bridge (--bridge, --dest), so the
+    options are all it will ever have: any ValueError refuses. A SOCKS client's
+    arguments come with each connection: given no options it has nothing to
+    check; given some, a ValueError refuses, unless it names in ``.missing`` an
+    argument that a connection may still bring.
+    """
+    if not fixed and not options:
+        return
+    try:
+        cls.client_config(dict(options))
+    except ValueError as exc:
+        if fixed or not getattr(exc, "missing", None):
+            raise
 
 
 def transport_class(name):

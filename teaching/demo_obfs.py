@@ -117,11 +117,12 @@ def walk_obfs3(walk):
     print("  that in one exponentiation, while random numbers are squares only half the time.")
     print("  UniformDH sends p - g^x instead on a coin flip (the low bit of x), and p - g^x is never")
     squares = []
-    for who, value in ((walk.exchange.client, X), (walk.exchange.server, Y)):
+    for who, value, e in ((walk.exchange.client, X, "x"), (walk.exchange.server, Y, "y")):
         square = legendre(int.from_bytes(value, "big")) == 1
         plain = obfs3.modexp(obfs3.G, ephemeral_secret(who), obfs3.P).to_bytes(192, "big") == value
         walk.check(square == plain, "a public value's Legendre symbol does not match its coin")
-        squares.append("a square (+1: g^x was sent)" if square else "not a square (-1: p - g^x was sent)")
+        squares.append("a square (+1: g^%s was sent)" % e if square else
+                       "not a square (-1: p - g^%s was sent)" % e)
     print("  a square. Here X is %s, Y is %s;" % tuple(squares))
     print("  for random bytes each is a coin flip too.")
 

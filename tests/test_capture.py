@@ -613,7 +613,8 @@ class Tcpdump:
             self.stop()
             if IN_CI:
                 raise
-            pytest.skip("tcpdump cannot capture here: %s" % exc)
+            pytest.skip("tcpdump cannot capture here: %s; run as root or with sudo: "
+                        "sudo .venv/bin/python3 -m pytest tests/test_capture.py" % exc)
 
     def stop(self):
         if self.process.poll() is None:

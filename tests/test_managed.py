@@ -73,6 +73,18 @@ def test_transport_options_malformed(text):
         managed.parse_transport_options(text)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("obfs2:hunter2", "item 1 (from character 1) is not TRANSPORT:KEY=VALUE"),
+    ("obfs2:k=v;;hunter2", "item 3 (from character 12) is not TRANSPORT:KEY=VALUE"),
+    ("obfs2:shared-secret=hunter2\\", "a lone backslash ends the text (character 28)"),
+])
+def test_transport_options_errors_say_where_never_what(text, message):
+    """review-4 finding 4: the item may hold a secret, and ENV-ERROR reaches Tor's log."""
+    with pytest.raises(managed.EnvError) as caught:
+        managed.parse_transport_options(text)
+    assert str(caught.value) == "TOR_PT_SERVER_TRANSPORT_OPTIONS: " + message
+
+
 def test_bindaddrs():
     assert managed.parse_bindaddrs("obfs2-0.0.0.0:1051, dummy-[::1]:0") == {
         "obfs2": ("0.0.0.0", 1051), "dummy": ("::1", 0)}
@@ -112,6 +124,23 @@ def test_announcer_keeps_each_message_on_one_line():
     written = []
     managed.Announcer(written.append).say("ENV-ERROR", "bad\nVERSION 1\r")
     assert written == ["ENV-ERROR bad?VERSION 1?\n"]
+
+
+def test_lines_to_tor_scrub_secret_values_except_in_smethod_args():
+    """A second guard behind the messages themselves: a LOG line or an error line
+    that quoted a secret option's value (obfs2's shared-secret) shows none."""
+    import logging
+    written = []
+    tor = managed.Announcer(written.append)
+    handler = managed.TorLog(tor)
+    record = logging.LogRecord("obfsproxy", logging.WARNING, __file__, 1,
+                               "conn 1: shared-secret=hunter2 is wrong", None, None)
+    handler.emit(record)
+    tor.say("SMETHOD-ERROR", "obfs2", "bad shared-secret=hunter2;x")
+    tor.say("SMETHOD", "obfs2", "127.0.0.1:1", "ARGS:shared-secret=hunter2")   # what clients need
+    assert written == ['LOG SEVERITY=warning MESSAGE="conn 1: shared-secret=[scrubbed] is wrong"\n',
+                       "SMETHOD-ERROR obfs2 bad shared-secret=[scrubbed]\n",
+                       "SMETHOD obfs2 127.0.0.1:1 ARGS:shared-secret=hunter2\n"]
 
 
 def test_nothing_but_messages_reaches_stdout():
@@ -306,6 +335,10 @@ def test_smethod_error_leaves_the_other_transport_running(tmp_path, case):
                     assert echo_round_trip(sock, b"dummy still works") == b"dummy still works"
     finally:
         busy.close()
+    # newcomer-4 D10: our own log says why, as Tor's does (and Tor is not told twice).
+    logged = (tmp_path / "server-state" / managed.LOG_FILE_NAME).read_text(encoding="utf-8")
+    assert "[WARNING] obfs2: %s\n" % pt.field("SMETHOD-ERROR") in logged, logged
+    assert not [line for line in pt.stdout.lines if line.startswith("LOG ")], pt.stdout.lines
 
 
 # --- Shared secret: server options in, SOCKS arguments in -------------------------------------

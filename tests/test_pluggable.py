@@ -1,9 +1,12 @@
 """A new transport is one module plus one registry line: proven with a toy.
 
 ``TOY`` below is a transport written from the contract at the top of
-transports.py alone. The test copies the project's modules into a temporary
-folder, adds ``toy.py`` there and exactly two lines to the copy of
-transports.py (its import, and its line in ``TRANSPORTS``), and then runs the
+transports.py alone, as a new author would write it: its ``client_config``
+raises a plain ValueError for an absent argument (no optional ``.missing``),
+and its SOCKS client still starts with no options. The test copies the
+project's modules into a temporary folder, adds ``toy.py`` there and exactly
+two lines to the copy of transports.py (its import, and its line in
+``TRANSPORTS``), and then runs the
 copy as a user and Tor would: ``--help`` lists it; ``server`` serves it (with
 its option, announced in the bridge line); ``client`` speaks it over SOCKS
 with arguments and as a fixed forward from a pasted bridge line; ``managed``
@@ -46,11 +49,9 @@ def parse(options):
         raise ValueError("unknown toy argument(s): %s (toy takes key)" % ", ".join(unknown))
     text = options.get("key")
     if text is None:
-        error = ValueError("no key= given")
-        error.missing = "key"
-        raise error
+        raise ValueError("no key= given")
     if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 255:
-        raise ValueError("key must be 1..255, not %r" % text)
+        raise ValueError("key must be 1..255")
     return Config(int(text))
 
 
@@ -154,6 +155,20 @@ def test_server_and_socks_client_with_arguments(copy):
         with pytest.raises(SocksReplyError):      # a wrong key: the SOCKS client is refused
             socks5_connect(client.address, server.address, args="key=300", timeout=WAIT)
         client.log.wait_for(r"bad toy arguments for \[scrubbed\]: key must be 1\.\.255")
+
+
+@pytest.mark.parametrize("args, refusal", [
+    (["--transport-options=key=300"], "toy client: key must be 1..255"),       # a bad default
+    (["--transport-options=colour=1"], "toy client: unknown toy argument(s): colour"),
+    (["--dest=127.0.0.1:1"], "toy client: no key= given"),        # a fixed client has only these
+])
+def test_client_options_are_checked_at_start_up_when_there_are_some(copy, args, refusal):
+    """The contract's start-up rule, for a transport that never heard of .missing:
+    a SOCKS client given no options starts (test above); given some, or fixed to
+    one bridge, it is refused at once with the transport's words."""
+    refused = run(copy, "client", "--transport=toy", *args, "127.0.0.1:0")
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith("obfsproxy.py client: " + refusal), refused.stderr
 
 
 def test_a_pasted_bridge_line_gives_a_fixed_forward(copy):

@@ -536,7 +536,8 @@ def can_inject():
         socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP).close()
         socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800)).close()
     except (OSError, AttributeError) as exc:
-        return "needs raw sockets (root): %s" % exc
+        return ("needs raw sockets (root): %s; run as root or with sudo: sudo .venv/bin/python3 "
+                "-m pytest tests/test_relay.py -k icmp" % exc)
     return None
 
 

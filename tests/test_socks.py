@@ -455,6 +455,53 @@ def test_parse_args_rejects(text):
         socks.parse_args(text)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("a=1;", "argument 2 is empty: a stray ';' at character 4"),
+    (";a=1", "argument 1 is empty: a stray ';' at character 1"),
+    ("a=1;;b=2", "argument 2 is empty: a stray ';' at character 4"),
+    ("a=1;hunter2", "argument 2 (from character 5) has no '=': KEY=VALUE expected"),
+    ("a=1;=hunter2", "argument 2 (from character 5) has an empty key"),
+    ("k=hunter2\\", "a lone backslash ends the text (character 10)"),
+    ("k=\\;x;hunter2", "argument 2 (from character 7) has no '=': KEY=VALUE expected"),  # escapes count
+])
+def test_parse_args_errors_say_where_never_what(text, message):
+    """review-4 finding 4: the text may be an obfs2 shared-secret or a webtunnel
+    url= path, and these messages reach the log and Tor's (LOG lines)."""
+    with pytest.raises(ValueError) as caught:
+        socks.parse_args(text)
+    assert str(caught.value) == message
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.sampled_from("QQQab;=\\"), max_size=24))
+def test_no_parse_args_error_quotes_the_text(text):
+    """No refusal shows any of the text: "Q" (in no message) never appears."""
+    try:
+        socks.parse_args(text)
+    except ValueError as exc:
+        assert "Q" not in str(exc)
+
+
+@pytest.mark.parametrize("wire, message", [
+    (h("05 01 00") + h("05 01 00 03 0d") + b"secret.org/xy" + h("0050"),
+     "SOCKS5 domain name is not a host name: it contains '/'"),
+    (h("05 01 00") + h("05 01 00 03 0a") + b"secret\xffxyz" + h("0050"),
+     "SOCKS5 domain name is not UTF-8 (byte 7 of 10)"),
+    (h("04 01 0050 00000001 00") + b"secret host" + h("00"),
+     "SOCKS4a host name is not a host name: it contains ' '"),
+    (h("05 01 02") + h("01 0e") + b"secret=hunter2" + h("01") + b"\xff",
+     "bad per-connection arguments: not UTF-8 (byte 15 of 15)"),
+    (h("04 01 0050 7f000001") + b"hunter2;" + h("00"),
+     "bad per-connection arguments: argument 1 (from character 1) has no '=': KEY=VALUE expected"),
+])
+def test_refusals_never_quote_the_host_or_the_arguments(wire, message):
+    """review-4 findings 4 and 8: a target name is scrubbed like an address, the
+    arguments may be secrets; a refusal says what is wrong, not what was sent."""
+    with pytest.raises(socks.SocksError) as caught:
+        socks.SocksServer().receive(wire)
+    assert str(caught.value) == message
+
+
 # --- Properties ------------------------------------------------------------------------
 
 def escape(text, specials="\\;="):

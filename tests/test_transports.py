@@ -427,6 +427,38 @@ def test_any_server_options_make_a_working_config_or_a_value_error(name, options
         assert isinstance(cls(False, config).start(), bytes)
 
 
+SECRET_MARK = "Q7secretQ7"
+
+
+@pytest.mark.parametrize("name", [name for name in NAMES
+                                  if getattr(transports.TRANSPORTS[name], "secret_options", ())])
+@settings(max_examples=40, **SLOW)
+@given(options=any_options, tails=st.lists(option_values, min_size=2, max_size=2))
+def test_no_config_error_quotes_a_secret_options_value(name, options, tails):
+    """The contract: a secret option's value never reaches a log, and config errors
+    do (SMETHOD-ERROR, a refused SOCKS connection at NOTICE)."""
+    cls = transports.TRANSPORTS[name]
+    for key in cls.secret_options:
+        options = dict(options, **{key: SECRET_MARK + tails[0] + SECRET_MARK + tails[1]})
+    with tempfile.TemporaryDirectory() as state_dir:
+        for make in (cls.client_config, lambda o: cls.server_config(o, state_dir)):
+            try:
+                make(dict(options))
+            except ValueError as exc:
+                assert SECRET_MARK not in str(exc)
+
+
+def test_obfs3_takes_any_192_bytes_for_a_public_value():
+    """Why proxy.handle_server cannot promise obfs3 probes never reach --dest (review-4
+    finding 10): a server opens on 192 random bytes, as obfs4proxy's obfs3 does."""
+    cls = transports.TRANSPORTS["obfs3"]
+    config, _ = cls.server_config({}, None)
+    server = cls(False, config)
+    server.start()
+    server.receive(os.urandom(192))
+    assert server.is_open
+
+
 # --- Handshake and data, as the core drives them --------------------------------------
 
 @pytest.mark.parametrize("split", [whole, byte_by_byte], ids=["whole", "byte-by-byte"])
