@@ -51,15 +51,22 @@ import threading
 import time
 from collections import deque
 
-# A turn: what one relay does each time the pump comes to it. Each direction reads
-# at most one CHUNK, so a relay that becomes ready waits for at most one CHUNK per
-# direction of each busy relay, plus timers (sshuttle reads 64 KiB per socket per
-# wake-up too). 8 x 256 KiB turns made an interactive tunnel's echo wait 1.5-3 s
-# beside 16 bulk tunnels; with 64 KiB it waited about what obfs4proxy's does, and
-# bulk throughput did not drop (README, Performance).
-CHUNK = 64 * 1024    # bytes one direction reads in one turn (one recv); also the most it holds
-IDLE_CHECK = 1.0     # seconds between looks for a reset on a socket watched for nothing
-SPARE_BUFFERS = 16   # chunk buffers a Pump keeps for reuse (1 MiB), shared by its relays
+# A turn: what one relay does each time the pump comes to it. Each direction
+# reads once (one recv), so a relay that becomes ready waits for at most one read
+# of each busy relay, plus due timers. 8 reads of 256 KiB made an interactive
+# tunnel's echo wait 1.5-3 s beside 16 bulk obfs4 tunnels; with one 64 KiB read,
+# about what obfs4proxy's waits (sshuttle reads 64 KiB per socket per wake-up).
+# But a 64 KiB read costs the relay twice the CPU per byte of 256 KiB when the
+# transform is fast (dummy, obfs2: ~0.1 ms a chunk): so a direction's read grows
+# from CHUNK to MAX_CHUNK while a turn takes under a quarter of TURN_SECONDS,
+# and shrinks when one takes longer, or when its destination is full (a reader
+# that stalls then holds at most the rest of one small read).
+CHUNK = 64 * 1024        # bytes a direction reads in one turn, at first and at least
+MAX_CHUNK = 4 * CHUNK    # ... and at most, while its turns take well under TURN_SECONDS
+TURN_SECONDS = 0.001     # what one turn should take at most (obfs4: 64 KiB take ~1 ms)
+IDLE_CHECK = 1.0         # seconds between looks for a reset on a socket watched for nothing
+SPARE_BUFFERS = 2        # MAX_CHUNK buffers a Pump keeps for reuse. A turn gives its buffer
+                         # back before the next turn starts, so one is lent at a time
 
 _NOTHING = memoryview(b"")
 # SO_LINGER on, 0 seconds: close() then sends RST instead of FIN.
@@ -75,7 +82,7 @@ class BufferPool:
         self._spare, self._buffers = spare, []
 
     def lend(self):
-        return self._buffers.pop() if self._buffers else bytearray(CHUNK)
+        return self._buffers.pop() if self._buffers else bytearray(MAX_CHUNK)
 
     def give_back(self, buffer):
         if len(self._buffers) < self._spare:
@@ -125,7 +132,7 @@ class _Direction:
     to ``dst`` coming down.
     """
 
-    __slots__ = ("src", "dst", "transform", "pending", "buffer", "eof", "done", "count",
+    __slots__ = ("src", "dst", "transform", "pending", "buffer", "eof", "done", "count", "size",
                  "pieces", "not_before", "delay", "buffers", "at_eof", "failure", "counts_output")
 
     def __init__(self, src, dst, transform, counts_output=False, at_eof=None):
@@ -136,6 +143,7 @@ class _Direction:
         self.eof = self.done = False
         self.not_before = self.delay = 0.0
         self.count = 0
+        self.size = CHUNK
 
     def take(self, out, buffer=None):
         """Queue a transform's output (bytes, a memoryview of ``buffer``, or a list
@@ -180,14 +188,15 @@ class _Direction:
 
     def pump(self):
         """One turn: write what is pending; once all of it has gone, read one
-        chunk (at most CHUNK bytes), transform it and write it. A direction
+        chunk (at most ``size`` bytes), transform it and write it. A direction
         with more to read is ready again and gets its next turn after the other
         ready relays have had theirs (Pump)."""
         if not self.write() or not self.reading():
             return
         buffer, size = self.buffers.lend(), 0
+        began = time.monotonic()
         try:
-            size = self.src.recv_into(buffer)
+            size = self.src.recv_into(buffer, self.size)
             out = self.transform(memoryview(buffer)[:size]) if size else None
         except BlockingIOError:
             self.buffers.give_back(buffer)
@@ -208,11 +217,19 @@ class _Direction:
                 tail = self.at_eof()
                 if tail:
                     self.owe(tail)
-        else:
-            if not self.counts_output:
-                self.count += size
-            self.take(out, buffer)
-        self.write()
+            self.write()
+            return
+        if not self.counts_output:
+            self.count += size
+        self.take(out, buffer)
+        if not self.write():
+            self.size = CHUNK              # dst is full: it sets the pace, small reads do
+        elif size == self.size:            # the source had more: size the next read to time
+            took = time.monotonic() - began
+            if took < TURN_SECONDS / 4 and size < MAX_CHUNK:
+                self.size = 2 * size
+            elif took > TURN_SECONDS and size > CHUNK:
+                self.size = size // 2
 
     def write(self):
         """Write what is pending (and pieces whose time has come); then give the
