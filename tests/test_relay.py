@@ -644,7 +644,7 @@ def test_a_relay_that_becomes_ready_waits_for_at_most_one_turn_of_each_busy_rela
     for written, read in zip(writes, marks):
         moved = [after - before for before, after in zip(written, read)]
         assert max(moved) <= relay_.MAX_CHUNK, \
-            "bulk relays moved %s bytes before a ready relay's turn (one turn: %d)" % (moved, relay_.MAX_CHUNK)
+            "bulk relays moved %s bytes before a ready relay's turn (at most %d)" % (moved, relay_.MAX_CHUNK)
     assert recv_exact(peer, 3) == b"xxx"
 
 
