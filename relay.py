@@ -9,9 +9,10 @@ A ``Relay`` is one tunnel's two directions between two sockets::
                                                                | transport.receive, write
 
 A ``Pump`` is one thread that drives every relay handed to it with one selector:
-it watches each socket only for what its directions wait for, runs the relay's
-step when a socket is ready or a timer is due, and calls back once the relay
-has ended. Nothing here knows tunnels, listeners, logging policy or transport
+it watches each socket only for what its directions wait for, gives the relay a
+turn when a socket is ready or a timer is due (a turn is small: one read per
+direction, so that every relay gets its turn soon), and calls back once the
+relay has ended. Nothing here knows tunnels, listeners, logging policy or transport
 names; it knows sockets, the transport contract's data-phase calls
 (transports.py) and buffers.
 
@@ -452,6 +453,15 @@ class Pump:
     wake-up was a context switch and a fight for the GIL on every tunnel's
     critical path). Elsewhere, and for a relay that needs a timer at once,
     the relay goes on ``_incoming`` and the wake-up pair is written.
+
+    Fair turns. Each time round, the relays the selector reports ready get one
+    turn each (every woken direction reads once: ``_Direction.pump``), those
+    served longest ago first. So a relay that becomes ready waits for at most
+    one turn of each busy relay, whatever order the selector reports them in;
+    a bulk relay's turn is at most MAX_CHUNK and about TURN_SECONDS. Due timers
+    (a paced transport's next piece) are served before every turn, not once
+    per round: one is late by at most the turn under way, and the earliest
+    timer is the selector's timeout when no relay is ready.
     """
 
     LINGER = 2.0
