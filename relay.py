@@ -9,9 +9,10 @@ A ``Relay`` is one tunnel's two directions between two sockets::
                                                                | transport.receive, write
 
 A ``Pump`` is one thread that drives every relay handed to it with one selector:
-it watches each socket only for what its directions wait for, runs the relay's
-step when a socket is ready or a timer is due, and calls back once the relay
-has ended. Nothing here knows tunnels, listeners, logging policy or transport
+it watches each socket only for what its directions wait for, gives the relay a
+turn when a socket is ready or a timer is due (a turn is small: one read per
+direction, so that every relay gets its turn soon), and calls back once the
+relay has ended. Nothing here knows tunnels, listeners, logging policy or transport
 names; it knows sockets, the transport contract's data-phase calls
 (transports.py) and buffers.
 
@@ -51,10 +52,22 @@ import threading
 import time
 from collections import deque
 
-CHUNK = 256 * 1024   # bytes read per recv(); also the most one direction holds
-BURST = 8            # chunks one direction moves in a row before the other gets a turn
-IDLE_CHECK = 1.0     # seconds between looks for a reset on a socket watched for nothing
-SPARE_BUFFERS = 16   # chunk buffers a Pump keeps for reuse (4 MiB), shared by its relays
+# A turn: what one relay does each time the pump comes to it. Each direction
+# reads once (one recv), so a relay that becomes ready waits for at most one read
+# of each busy relay, plus due timers. 8 reads of 256 KiB made an interactive
+# tunnel's echo wait 1.5-3 s beside 16 bulk obfs4 tunnels; with one 64 KiB read,
+# about what obfs4proxy's waits (sshuttle reads 64 KiB per socket per wake-up).
+# But a 64 KiB read costs the relay twice the CPU per byte of 256 KiB when the
+# transform is fast (dummy, obfs2: ~0.1 ms a chunk): so a direction's read grows
+# from CHUNK to MAX_CHUNK while a turn takes under a quarter of TURN_SECONDS,
+# and shrinks when one takes longer, or when its destination is full (a reader
+# that stalls then holds at most the rest of one small read).
+CHUNK = 64 * 1024        # bytes a direction reads in one turn, at first and at least
+MAX_CHUNK = 4 * CHUNK    # ... and at most, while its turns take well under TURN_SECONDS
+TURN_SECONDS = 0.001     # what one turn should take at most (obfs4: 64 KiB take ~1 ms)
+IDLE_CHECK = 1.0         # seconds between looks for a reset on a socket watched for nothing
+SPARE_BUFFERS = 2        # MAX_CHUNK buffers a Pump keeps for reuse. A turn gives its buffer
+                         # back before the next turn starts, so one is lent at a time
 
 _NOTHING = memoryview(b"")
 # SO_LINGER on, 0 seconds: close() then sends RST instead of FIN.
@@ -70,7 +83,7 @@ class BufferPool:
         self._spare, self._buffers = spare, []
 
     def lend(self):
-        return self._buffers.pop() if self._buffers else bytearray(CHUNK)
+        return self._buffers.pop() if self._buffers else bytearray(MAX_CHUNK)
 
     def give_back(self, buffer):
         if len(self._buffers) < self._spare:
@@ -115,11 +128,12 @@ class _Direction:
     delay) still to go after it: a paced transport's pieces, each released
     ``delay`` seconds after the one before, and bytes the transport owes the
     peer (``owe``). An in-place chunk stays in a lent buffer that goes back as
-    soon as it is written. ``count`` is the application bytes it carried: read
-    from ``src`` going up, delivered to ``dst`` coming down.
+    soon as it is written, or once ``dst`` is full (``hold_little``). ``count``
+    is the application bytes it carried: read from ``src`` going up, delivered
+    to ``dst`` coming down.
     """
 
-    __slots__ = ("src", "dst", "transform", "pending", "buffer", "eof", "done", "count",
+    __slots__ = ("src", "dst", "transform", "pending", "buffer", "eof", "done", "count", "size",
                  "pieces", "not_before", "delay", "buffers", "at_eof", "failure", "counts_output")
 
     def __init__(self, src, dst, transform, counts_output=False, at_eof=None):
@@ -130,6 +144,7 @@ class _Direction:
         self.eof = self.done = False
         self.not_before = self.delay = 0.0
         self.count = 0
+        self.size = CHUNK
 
     def take(self, out, buffer=None):
         """Queue a transform's output (bytes, a memoryview of ``buffer``, or a list
@@ -160,48 +175,62 @@ class _Direction:
     def reading(self):
         return not self.eof and self.failure is None
 
-    def pump(self):
-        """Write what is pending, then read, transform and write more chunks
-        until ``src`` has nothing, ``dst`` is full, or BURST chunks went.
+    def hold_little(self):
+        """``dst`` is full, maybe for good (a reader that never reads): keep a
+        copy of what is left, not the lent buffer or the larger output it lies
+        in, so that a stalled direction holds only its unwritten bytes. The
+        copy is at most a chunk, made once each time ``dst`` fills."""
+        pending = self.pending
+        if self.buffer is not None or pending.nbytes < len(pending.obj):
+            self.pending = memoryview(bytes(pending))
+            if self.buffer is not None:
+                self.buffers.give_back(self.buffer)
+                self.buffer = None
 
-        A read that did not fill the buffer emptied the socket: the next read
-        waits for the selector (level-triggered, so nothing is missed) instead
-        of costing a system call and a BlockingIOError on the spot; a tunnel
-        carrying small messages reads each one with one recv."""
-        for _ in range(BURST):
-            if not self.write() or not self.reading():
-                return
-            buffer, size = self.buffers.lend(), 0
-            try:
-                size = self.src.recv_into(buffer)
-                out = self.transform(memoryview(buffer)[:size]) if size else None
-            except BlockingIOError:
-                self.buffers.give_back(buffer)
-                return
-            except BaseException as exc:
-                self.buffers.give_back(buffer)
-                data = getattr(exc, "data", None) if size else None
-                if not data:
-                    raise            # a reset, or a protocol error with nothing to deliver first
-                self.failure = exc   # deliver the plaintext decoded before the error, then fail
-                self.take(data)
-                self.write()
-                return
-            if not size:
-                self.buffers.give_back(buffer)
-                self.eof = True
-                if self.at_eof is not None:
-                    tail = self.at_eof()
-                    if tail:
-                        self.owe(tail)
-                self.write()
-                return
-            if not self.counts_output:
-                self.count += size
-            self.take(out, buffer)
-            if size < len(buffer):
-                break
-        self.write()
+    def pump(self):
+        """One turn: write what is pending; once all of it has gone, read one
+        chunk (at most ``size`` bytes), transform it and write it. A direction
+        with more to read is ready again and gets its next turn after the other
+        ready relays have had theirs (Pump)."""
+        if not self.write() or not self.reading():
+            return
+        buffer, size = self.buffers.lend(), 0
+        began = time.monotonic()
+        try:
+            size = self.src.recv_into(buffer, self.size)
+            out = self.transform(memoryview(buffer)[:size]) if size else None
+        except BlockingIOError:
+            self.buffers.give_back(buffer)
+            return
+        except BaseException as exc:
+            self.buffers.give_back(buffer)
+            data = getattr(exc, "data", None) if size else None
+            if not data:
+                raise            # a reset, or a protocol error with nothing to deliver first
+            self.failure = exc   # deliver the plaintext decoded before the error, then fail
+            self.take(data)
+            self.write()
+            return
+        if not size:
+            self.buffers.give_back(buffer)
+            self.eof = True
+            if self.at_eof is not None:
+                tail = self.at_eof()
+                if tail:
+                    self.owe(tail)
+            self.write()
+            return
+        if not self.counts_output:
+            self.count += size
+        self.take(out, buffer)
+        if not self.write():
+            self.size = CHUNK              # dst is full: it sets the pace, small reads do
+        elif size == self.size:            # the source had more: size the next read to time
+            took = time.monotonic() - began
+            if took < TURN_SECONDS / 4 and size < MAX_CHUNK:
+                self.size = 2 * size
+            elif took > TURN_SECONDS and size > CHUNK:
+                self.size = size // 2
 
     def write(self):
         """Write what is pending (and pieces whose time has come); then give the
@@ -213,6 +242,7 @@ class _Direction:
                 try:
                     sent = self.dst.send(self.pending)
                 except BlockingIOError:
+                    self.hold_little()
                     return False
                 self.pending = self.pending[sent:]
                 if not self.pending and self.delay:   # a paced piece went: the next waits
@@ -358,11 +388,15 @@ class Relay:
             if self.unwatched and not any(d.pieces for d in (up, down)):
                 for sock in self.unwatched:     # IDLE_CHECK passed quietly: look for a reset
                     raise_pending_error(sock)
+        woken = []                             # one turn each, however many sockets woke it
         for sock, events in ready:
             for direction in (down, up):
-                if (sock is direction.dst and events & selectors.EVENT_WRITE) or \
-                        (sock is direction.src and events & selectors.EVENT_READ):
-                    direction.pump()
+                if direction not in woken and (
+                        (sock is direction.dst and events & selectors.EVENT_WRITE) or
+                        (sock is direction.src and events & selectors.EVENT_READ)):
+                    woken.append(direction)
+        for direction in woken:
+            direction.pump()
         if up.pieces and not up.pending:       # what receiving made the transport owe
             up.write()
 
@@ -419,6 +453,15 @@ class Pump:
     wake-up was a context switch and a fight for the GIL on every tunnel's
     critical path). Elsewhere, and for a relay that needs a timer at once,
     the relay goes on ``_incoming`` and the wake-up pair is written.
+
+    Fair turns. Each time round, the relays the selector reports ready get one
+    turn each (every woken direction reads once: ``_Direction.pump``), those
+    served longest ago first. So a relay that becomes ready waits for at most
+    one turn of each busy relay, whatever order the selector reports them in;
+    a bulk relay's turn is at most MAX_CHUNK and about TURN_SECONDS. Due timers
+    (a paced transport's next piece) are served before every turn, not once
+    per round: one is late by at most the turn under way, and the earliest
+    timer is the selector's timeout when no relay is ready.
     """
 
     LINGER = 2.0
@@ -432,6 +475,8 @@ class Pump:
         self._relays = {}             # relay -> on_end
         self._timers = []             # heap of (when, order, relay); stale ones are skipped
         self._due = {}                # relay -> when its current timer is due
+        self._served = {}             # relay -> the turn it last had (none yet: first in line)
+        self._turns = 0
         self._order = itertools.count()
         self._stop = None             # None, "stop" or "abort"
         self._running = None          # the running thread's (selector, wake pair, ended)
@@ -560,22 +605,22 @@ class Pump:
                         ready.setdefault(key.data, []).append((key.fileobj, events))
                 if self._incoming:        # read without the lock: an add() now has woken us too
                     self._start_new(selector)
-                now = time.monotonic()
-                while self._timers and self._timers[0][0] <= now:
-                    when, _, relay = heapq.heappop(self._timers)
-                    if self._due.get(relay) == when:
-                        del self._due[relay]
-                        ready.setdefault(relay, [])
-                for relay, events in ready.items():
+                # The relays served longest ago go first: one that has just become
+                # ready waits for at most one turn of each busy relay.
+                for relay in sorted(ready, key=lambda relay: self._served.get(relay, 0)):
+                    self._fire_timers(selector)
                     if relay not in self._relays:
                         with self._lock:      # an add() may be registering it right now:
                             pass              # let it finish (or it was a relay just ended)
                         if relay not in self._relays:
                             continue
-                    self._step(selector, relay, events)
+                    self._turns += 1
+                    self._served[relay] = self._turns
+                    self._step(selector, relay, ready[relay])
+                self._fire_timers(selector)
                 if self._relays:
-                    idle_since = now
-                elif now - idle_since >= self.LINGER:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= self.LINGER:
                     with self._lock:
                         if not self._incoming and not self._relays and self._stop is None:
                             self._running = None      # the next add() starts another thread
@@ -588,6 +633,22 @@ class Pump:
         finally:
             self._close(running)
             ended.set()
+
+    def _fire_timers(self, selector):
+        """Step the relays whose timer is due (a paced piece's time has come).
+        Called before every turn, so that a timer is late by at most the one
+        turn under way, however many relays are ready."""
+        if not self._timers or self._timers[0][0] > time.monotonic():
+            return
+        now, due = time.monotonic(), []
+        while self._timers and self._timers[0][0] <= now:
+            when, _, relay = heapq.heappop(self._timers)
+            if self._due.get(relay) == when:
+                del self._due[relay]
+                due.append(relay)
+        for relay in due:
+            if relay in self._relays:
+                self._step(selector, relay, [])
 
     @staticmethod
     def _drain_wake(sock):
@@ -635,10 +696,12 @@ class Pump:
             return
         if timeout is None:
             self._due.pop(relay, None)
-        else:
-            when = time.monotonic() + timeout
-            self._due[relay] = when
-            heapq.heappush(self._timers, (when, next(self._order), relay))
+            return
+        when = time.monotonic() + timeout
+        if self._due.get(relay, when) < when:
+            return      # an earlier timer stands: the relay then asks again (no heap entry a turn)
+        self._due[relay] = when
+        heapq.heappush(self._timers, (when, next(self._order), relay))
 
     def _fail(self, selector, relay, exc):
         if isinstance(exc, OSError):
@@ -648,6 +711,7 @@ class Pump:
     def _end(self, selector, relay, error):
         on_end = self._relays.pop(relay)
         self._due.pop(relay, None)
+        self._served.pop(relay, None)
         self._unregister(selector, relay)
         relay.close()
         try:

@@ -16,6 +16,7 @@ assertion is a lower bound.
 
 import os
 import select
+import selectors
 import socket
 import struct
 import sys
@@ -341,7 +342,7 @@ def test_a_reader_that_does_not_read_stops_the_relay_reading(ends):
             pass
     assert written < bound, "the relay took %d bytes that nobody reads (bound %d)" % (written, bound)
     up = relay.relay.up
-    assert up.count <= written and len(up.pending) <= relay_.CHUNK
+    assert up.count <= written and len(up.pending) <= relay_.MAX_CHUNK
     assert relay.pool.lent - relay.pool.returned <= 1, "the relay holds more than one chunk"
     # The peer starts reading: everything arrives, nothing lost or repeated.
     app.settimeout(WAIT)
@@ -525,6 +526,218 @@ def test_stopping_a_pump_with_abort_resets_the_live_tunnels(ends):
     for end in (app, peer):
         with pytest.raises(ConnectionResetError):
             end.recv(1)
+
+
+# --- Fair turns, timers on time, little held ----------------------------------------
+
+class Endless:
+    """A bulk tunnel's socket, faked: every recv_into reads all it may and every
+    send takes it all, so a relay between two of them always has a chunk to move.
+    The selector watches ``real``, a socket that stays writable, and readable
+    too when a byte waits in it unread. ``moved`` counts the bytes read;
+    ``on_read(size)`` runs before each read."""
+
+    def __init__(self, real, on_read=None):
+        self.real, self.on_read, self.moved = real, on_read, 0
+
+    def fileno(self):
+        return self.real.fileno()
+
+    def gettimeout(self):
+        return 0.0
+
+    def recv_into(self, buffer, nbytes=0):
+        size = nbytes or len(buffer)
+        if self.on_read is not None:
+            self.on_read(size)
+        self.moved += size
+        return size
+
+    def send(self, data):
+        return len(data)
+
+    def shutdown(self, how):
+        pass
+
+    def setsockopt(self, *args):
+        pass
+
+    def getsockopt(self, *args):
+        return self.real.getsockopt(*args)
+
+
+class Noted:
+    """A real socket whose successful reads and sends also call ``note(size)``."""
+
+    def __init__(self, real, note):
+        self.real, self.note = real, note
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def recv_into(self, buffer, nbytes=0):
+        size = self.real.recv_into(buffer, nbytes)
+        if size:
+            self.note(size)
+        return size
+
+    def send(self, data):
+        sent = self.real.send(data)
+        self.note(sent)
+        return sent
+
+
+@pytest.fixture
+def bulk():
+    """bulk(pump, on_read=None) -> an Endless upstream of a relay that always has a
+    chunk to move up; the pump is stopped (abort) and the sockets closed afterwards."""
+    made, pumps = [], []
+
+    def make(pump, on_read=None):
+        near, far = socket.socketpair()
+        far.send(b"!")                       # near stays readable; far has nothing to read
+        made.extend((near, far))
+        if pump not in pumps:
+            pumps.append(pump)
+        upstream = Endless(near, on_read)
+        pump.add(relay_.Relay(upstream, Endless(far), dummy()), lambda error: None)
+        return upstream
+    yield make
+    for pump in pumps:
+        assert pump.stop(abort=True, timeout=WAIT)
+    for sock in made:
+        sock.close()
+
+
+def test_a_relay_that_becomes_ready_waits_for_at_most_one_turn_of_each_busy_relay(ends, bulk):
+    """Three bulk relays keep the pump busy; a byte reaches an idle relay's
+    application socket three times, written from inside a bulk relay's read (on
+    the pump's thread, so where the pump stands is known exactly). Between the
+    write and the idle relay's read, each bulk relay may read one chunk: one
+    turn, whatever the order in which the selector reports the sockets."""
+    app, upstream, downstream, peer = ends()
+    pump = relay_.Pump("test-pump")
+    reads, writes, marks = [0], [], []
+    done = threading.Event()
+    bulks = []
+
+    def snapshot():
+        return [each.moved for each in bulks]
+
+    def on_bulk_read(size):
+        if len(bulks) < 3:
+            return                            # count the reads once all three run
+        reads[0] += 1
+        if reads[0] in (5, 30, 60):
+            app.send(b"x")
+            writes.append(snapshot())
+
+    def on_read(size):
+        marks.extend([snapshot()] * size)     # for each byte, where the bulk relays stood
+        if len(marks) >= 3:
+            done.set()
+
+    pump.add(relay_.Relay(Noted(upstream, on_read), downstream, dummy()), lambda error: None)
+    for _ in range(3):
+        bulks.append(bulk(pump, on_bulk_read))
+    assert done.wait(WAIT), "the idle relay read %d of its 3 bytes" % len(marks)
+    for written, read in zip(writes, marks):
+        moved = [after - before for before, after in zip(written, read)]
+        assert max(moved) <= relay_.MAX_CHUNK, \
+            "bulk relays moved %s bytes before a ready relay's turn (at most %d)" % (moved, relay_.MAX_CHUNK)
+    assert recv_exact(peer, 3) == b"xxx"
+
+
+class FakeTime:
+    """relay.py's clock, moved on by the bulk bytes read: SECONDS_PER_BYTE
+    each, powers of two so that every sum is exact."""
+
+    SECONDS_PER_BYTE = 2.0 ** -30       # a 64 KiB chunk: 2**-14 s, about 61 µs
+
+    def __init__(self):
+        self.now = 1.0
+
+    def monotonic(self):
+        return self.now
+
+    def advance(self, size):
+        self.now += size * self.SECONDS_PER_BYTE
+
+
+class Slow(Paced):
+    DELAY = 17 * 2.0 ** -14              # about 1 ms of FakeTime: 17 chunks of 64 KiB, so
+                                         # that rounds of four bulk turns do not line up with it
+
+
+def test_paced_pieces_go_on_time_while_bulk_relays_keep_the_pump_busy(ends, bulk, monkeypatch):
+    """A paced relay's pieces beside four bulk relays, on a clock that moves
+    only as bulk bytes are read: each piece goes at most one bulk turn (one
+    chunk) after its time, not after a round of every ready relay."""
+    clock = FakeTime()
+    monkeypatch.setattr(relay_, "time", clock)
+    app, upstream, downstream, peer = ends()
+    pump = relay_.Pump("test-pump")
+    for _ in range(4):
+        bulk(pump, clock.advance)
+    sent = []
+    done = threading.Event()
+
+    def on_send(size):
+        sent.append(clock.now)
+        if len(sent) == Slow.PIECES:
+            done.set()
+
+    app.sendall(b"p" * 4000)
+    pump.add(relay_.Relay(upstream, Noted(downstream, on_send), Slow()), lambda error: None)
+    assert done.wait(WAIT), "%d of %d paced pieces went" % (len(sent), Slow.PIECES)
+    late = [after - (before + Slow.DELAY) for before, after in zip(sent, sent[1:])]
+    turn = relay_.MAX_CHUNK * FakeTime.SECONDS_PER_BYTE
+    assert min(late) >= 0, "a paced piece went early: %s" % late
+    assert max(late) <= turn, "paced pieces late by %s s (one turn: %s s)" % (late, turn)
+    assert recv_exact(peer, 4000) == b"p" * 4000
+
+
+@pytest.mark.parametrize("make_transport", [dummy, Framed], ids=["in-place", "copying"])
+def test_a_stalled_direction_holds_its_unwritten_bytes_not_a_chunk(ends, make_transport):
+    """The peer reads nothing: once its socket is full, the up direction keeps
+    what is left to write, and no lent buffer (nor the larger output it came
+    from). Then the peer reads and every byte arrives, in order."""
+    app, upstream, downstream, peer = ends()
+    pool = CountingPool()
+    relay = relay_.Relay(upstream, downstream, make_transport())
+    relay.start(pool)
+    app.setblocking(False)
+    data, written = os.urandom(8 * 1024 * 1024), 0
+    up = relay.up
+    for _ in range(1000):
+        try:
+            written += app.send(data[written:written + 65536])
+        except BlockingIOError:
+            pass
+        relay.handle([(upstream, selectors.EVENT_READ)])
+        if up.pending:
+            break
+    assert up.pending, "the peer's socket never filled"
+    assert pool.lent == pool.returned, "a stalled direction holds a lent chunk buffer"
+    assert 0 < len(up.pending) <= len(frame(bytes(relay_.MAX_CHUNK)))   # at most one chunk's output
+    assert up.pending.nbytes == len(up.pending.obj)                 # in an object of its own size
+    # The peer reads now: all of it arrives (the relay driven by hand, as the pump would).
+    app.shutdown(socket.SHUT_WR)
+    peer.setblocking(False)
+    got = bytearray()
+    for _ in range(100000):
+        try:
+            got += peer.recv(1 << 20)
+        except BlockingIOError:
+            pass
+        relay.handle([(upstream, selectors.EVENT_READ), (downstream, selectors.EVENT_WRITE)])
+        if up.done:
+            break
+    peer.settimeout(WAIT)
+    got += recv_all(peer)
+    assert (unframe(bytes(got)) if make_transport is Framed else got) == data[:written]
+    relay.close()
+    assert pool.lent == pool.returned
 
 
 # --- A soft error is not a reset ---------------------------------------------------
