@@ -21,20 +21,23 @@ bursts), so finished handshake threads wait a little for the next
 connection (``Listener`` says how).
 """
 
+import contextlib
 import gc
 import logging
 import queue
 import re
+import select
 import selectors
 import socket
 import sys
 import threading
 import time
+from collections import deque
 
 import outbound
 import relay as relay_
 import socks
-from proxy import NOTICE, HopFailed, KeyWork, PeerClosed, Pools, log, why
+from proxy import NOTICE, Busy, HopFailed, KeyWork, PeerClosed, Pools, log, why
 
 THREAD_STACK = 512 * 1024   # per handshake thread (the default is 8 MiB of address space)
 
@@ -47,16 +50,22 @@ class Tunnel:
     carries the tunnel. ``owned``: the other sockets closed with it (the
     handler's connection to the server or to --dest). ``peer``: the client's
     address, which a transport may correct (webtunnel: X-Forwarded-For).
-    ``key_work``, ``pools`` and ``note`` are the listener's, for the handler.
+    ``key_work`` (its listening socket's), ``pools`` and ``note`` are the
+    listener's, for the handler; ``turn`` is its place in its listening socket's
+    queue for the CPU (``Turn``), None outside a Listener.
     """
 
-    def __init__(self, number, conn, peer, settings, initiator, listener):
+    def __init__(self, number, conn, peer, settings, initiator, listener, key_work=None, turn=None):
         self.number, self.conn, self.peer = number, conn, peer
         self.settings, self.initiator = settings, initiator
         self.accepted_at = time.monotonic()
-        self.key_work, self.pools, self.note = listener.key_work, listener.pools, listener.note
+        self.key_work = key_work or listener.key_work
+        self.pools, self.note = listener.pools, listener.note
+        self.turn = turn
         self.owned = []
         self.relay = None
+        self.dropped = False      # dropped while pending, for a newer connection
+        self.relaying = False     # counted in Listener.relayed
 
     def owns(self, sock):
         self.owned.append(sock)
@@ -93,13 +102,18 @@ class Listener:
     COMPLAINT_TEXTS = 8         # distinct texts of one kind said in full per interval
     GRACE_SECONDS = 30.0        # a graceful stop waits at most this long for live tunnels
 
-    def __init__(self, max_connections=2048, tick=None, pool_size=None):
-        self.max_connections = max_connections
+    def __init__(self, max_connections=2048, tick=None, pool_size=None, max_pending=None):
+        self.max_connections = max_connections   # tunnels relayed at once
+        self.max_pending = max_connections if max_pending is None else max_pending
         self.tick = tick
-        self.listeners = []           # (socket, handler, settings)
-        self.live = 0
+        self.listeners = []           # (socket, handler, settings, its KeyWork, its Turns)
+        self.live = 0                 # connections open: pending and relayed
+        self.relayed = 0              # of those, tunnels handed to a pump
+        self.pending = {}             # number -> Tunnel whose handshake runs, oldest first
         self.accepted = 0
-        self.key_work = KeyWork()
+        self.dropped = 0              # pending handshakes dropped for newer ones
+        self.key_work = KeyWork()     # for the pools; each listening socket has a sibling slot
+        self.waits = _Waits()
         self.pools = Pools(self.key_work, pool_size)
         self.pumps = []
         self._lock = threading.Lock()
@@ -127,7 +141,7 @@ class Listener:
             except ValueError:    # the defaults need the SOCKS arguments (obfs4's cert)
                 config = None
         self.pools.prepare(settings.transport_class, handler.initiator, config)
-        self.listeners.append((sock, handler, settings))
+        self.listeners.append((sock, handler, settings, self.key_work.sibling(), Turns(self.waits)))
         return sock.getsockname()[:2]
 
     @property
@@ -161,7 +175,7 @@ class Listener:
                 if self.tick:
                     self.tick()
         finally:
-            for sock, _, _ in self.listeners:
+            for sock, *_ in self.listeners:
                 selector.unregister(sock)
                 sock.close()
             self.listeners = []
@@ -194,28 +208,52 @@ class Listener:
         except OSError:
             pass
 
-    def _accept(self, listener, handler, settings):
-        try:
-            conn, peer = listener.accept()
-        except BlockingIOError:   # another wake-up took it, or the client gave up
-            return
-        except OSError as exc:    # e.g. EMFILE: the process is out of descriptors
-            self.complain("accept", "accept failed: %s; slowing down" % why(exc), logging.WARNING,
-                          rest=None)
-            time.sleep(0.1)
-            return
+    ACCEPT_BATCH = 64     # connections accepted per wake-up of the accept loop, at most
+
+    def _accept(self, listener, handler, settings, key_work, turns):
+        """Accept what the backlog holds (up to ACCEPT_BATCH): during a storm one
+        wake-up per connection left the backlog to overflow (the kernel then drops
+        SYNs, and clients retry after 1, 2, 4 s)."""
+        for _ in range(self.ACCEPT_BATCH):
+            try:
+                conn, peer = listener.accept()
+            except BlockingIOError:   # the backlog is empty (or the client gave up)
+                return
+            except OSError as exc:    # e.g. EMFILE: the process is out of descriptors
+                self.complain("accept", "accept failed: %s; slowing down" % why(exc), logging.WARNING,
+                              rest=None)
+                time.sleep(0.1)
+                return
+            self._admit(conn, peer, handler, settings, key_work, turns)
+
+    def _admit(self, conn, peer, handler, settings, key_work, turns):
+        """Count a new connection in as pending and start its handshake; refuse it
+        when --max-connections tunnels are relayed; drop the oldest pending
+        handshake when max_pending are pending (the module docstring says why)."""
+        victim = None
         with self._lock:
-            full = self.live >= self.max_connections
+            full = self.relayed >= self.max_connections
             if not full:
+                if len(self.pending) >= self.max_pending:
+                    victim = self.pending.pop(next(iter(self.pending)))
+                    victim.dropped = True
+                    self.dropped += 1
                 self.live += 1
                 self.accepted += 1
-                number = self.accepted
+                tunnel = Tunnel(self.accepted, conn, peer, settings, handler.initiator, self,
+                                key_work, Turn(turns))
+                self.pending[tunnel.number] = tunnel
         if full:
             conn.close()
-            self.complain("full", "refusing a connection: %d connections already open "
+            self.complain("full", "refusing a connection: %d tunnels already open "
                           "(--max-connections)" % self.max_connections, logging.WARNING, rest=None)
             return
-        self._dispatch((handler, Tunnel(number, conn, peer, settings, handler.initiator, self)))
+        if victim is not None:
+            try:     # its thread, waiting for the peer, sees the end and ends it (_end)
+                victim.conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._dispatch((handler, tunnel))
 
     def _dispatch(self, job):
         """Give ``job`` to a waiting thread, or start one for it."""
@@ -251,9 +289,10 @@ class Listener:
                 job = self._jobs.get()  # a job was handed to us just now: take it
 
     def _run(self, handler, tunnel):
-        """The handshake, on this thread; then the relay goes to a pump."""
+        """The handshake, on this thread and in its turn; then the relay goes to a pump."""
         log.debug("%s: accepted", tunnel.name)
         try:
+            tunnel.turn.take(tunnel.settings.handshake_timeout)
             if self._inherits_tuning is None:
                 self._inherits_tuning = outbound.tuned(tunnel.conn)
             if not self._inherits_tuning:
@@ -261,9 +300,22 @@ class Listener:
             tunnel.conn.setblocking(False)    # from here to close (outbound.send_all says why)
             relay = handler(tunnel.conn, tunnel.settings, tunnel)
         except Exception as exc:
+            tunnel.turn.give()
             self._end(tunnel, exc)
             return
+        finally:
+            tunnel.turn.give()
         tunnel.relay = relay
+        with self._lock:
+            full = self.relayed >= self.max_connections
+            if not full and self.pending.pop(tunnel.number, None) is not None:
+                self.relayed += 1
+                tunnel.relaying = True
+        if full:
+            relay.abort()
+            self._end(tunnel, HopFailed("full", "refusing a tunnel: %d tunnels already open "
+                                        "(--max-connections)" % self.max_connections))
+            return
         try:
             self._pump().add(relay, lambda error: self._end(tunnel, error))
         except RuntimeError as exc:    # stopping now, or no thread for a new pump
@@ -319,6 +371,11 @@ class Listener:
         end), choose FIN or reset, close its sockets, count it out."""
         conn, settings, name = tunnel.conn, tunnel.settings, tunnel.name
         relay = tunnel.relay
+        if tunnel.dropped and exc is not None:
+            self.complain("pending", "%s: dropped: %d handshakes were pending, the most allowed; "
+                          "the oldest goes to make room for a new one" % (name, self.max_pending),
+                          text="dropped")
+            exc = None if relay is None else exc
         if exc is None:
             if relay is not None:
                 outward, inward = relay.up.count, relay.down.count
@@ -342,13 +399,15 @@ class Listener:
                 relay_.abort(conn)
         elif relay is not None and isinstance(exc, relay.transport.ProtocolError):
             log.info("%s: not %s: %s", name, settings.transport, exc)
-            # The application learns of the failure by a reset; a bridge closes its
-            # peer with a plain FIN, as obfs4proxy does (a reset would tell a prober
-            # that flips one bit which implementation runs the bridge).
-            if tunnel.initiator:
-                relay_.abort(conn)
+            # The application (a client's SOCKS side, a bridge's --dest) learns of
+            # the failure by a reset: a cut stream must never look complete. Only
+            # the obfuscated peer gets a plain FIN, as obfs4proxy closes it (a reset
+            # would tell a prober that flips one bit which implementation runs).
+            relay_.abort(relay.upstream)
         elif isinstance(exc, PeerClosed):
             log.info("%s: %s", name, exc)
+        elif isinstance(exc, Busy):
+            self.complain("busy", "%s: %s" % (name, exc), text="busy")
         elif isinstance(exc, socket.timeout):   # only handshakes block; relays never time out
             log.info("%s: handshake timed out after %.0f s", name, settings.handshake_timeout)
         elif isinstance(exc, relay_.Stopped):
@@ -367,6 +426,8 @@ class Listener:
         conn.close()
         with self._lock:
             self.live -= 1
+            if self.pending.pop(tunnel.number, None) is None and tunnel.relaying:
+                self.relayed -= 1
         if self._stopping:
             self._wake()    # serve() recounts (stop() again would end a graceful stop)
 
@@ -378,8 +439,186 @@ class NoThread(Exception):
 _Selector = getattr(selectors, "PollSelector", selectors.DefaultSelector)
 
 
-def listen(address, backlog=512):
-    """A listening socket on (host, port); port 0 picks a free one."""
+# --- Turns: one handshake thread computes at a time per listening socket -------------
+
+HELD, QUEUED, NET, IDLE = "held", "queued", "net", "idle"   # where a Turn is
+
+
+class Turns:
+    """One listening socket's queue for the CPU: at most one of its handshake
+    threads runs Python at a time, in the order they became ready. ``owner``
+    holds the turn, ``queue`` waits for it; the rest wait for the network."""
+
+    def __init__(self, waits):
+        self.waits = waits
+        self.owner = None
+        self.queue = deque()
+
+    def pass_on(self):
+        """The owner gives the turn up: to the first in the queue (waking only
+        that thread), or to nobody. Called with ``waits.mutex`` held."""
+        if self.queue:
+            self.owner = self.queue.popleft()
+            self.owner.handed()
+        else:
+            self.owner = None
+
+    def ready(self, turn):
+        """``turn`` may run now: it takes the free turn, or queues for it
+        (``waits.mutex`` held)."""
+        if self.owner is None:
+            self.owner = turn
+            turn.handed()
+        else:
+            self.queue.append(turn)
+            turn.state = QUEUED
+
+
+class Turn:
+    """One handshake's place in its listening socket's ``Turns``; used by its own
+    thread only. The thread sleeps on a lock of its own while it waits, for the
+    CPU or for the network, and is woken only when it may run: so a thousand
+    handshakes waiting cost no CPU, and never wake all at once to fight over
+    the GIL (the cost measured when each polled its own socket)."""
+
+    def __init__(self, turns):
+        self.turns, self.waits = turns, turns.waits
+        self.state = IDLE
+        self.fd = None
+        self._wake = threading.Lock()
+        self._wake.acquire()
+
+    def handed(self):
+        self.state = HELD
+        self._wake.release()
+
+    def take(self, seconds):
+        """Wait for the turn; proxy.Busy when ``seconds`` pass first."""
+        with self.waits.mutex:
+            if self.state == HELD:
+                return
+            self.turns.ready(self)
+        self._sleep(seconds)
+
+    def give(self):
+        """Give the turn up, if held."""
+        with self.waits.mutex:
+            if self.state == HELD:
+                self.state = IDLE
+                self.turns.pass_on()
+
+    def wait(self, sock, write, seconds):
+        """Give the turn up until ``sock`` is ready to read (or write), then come
+        back with it: True; or socket.timeout when ``seconds`` pass first."""
+        if self.waits.epoll is None:       # no epoll here: the thread polls its own socket
+            end = time.monotonic() + seconds
+            self.give()
+            if not outbound._ready(sock, write, seconds):
+                raise socket.timeout("timed out")
+            self.take(max(end - time.monotonic(), 0.0))
+            return True
+        with self.waits.mutex:
+            self.waits.watch(self, sock, write)
+            if self.state == HELD:
+                self.turns.pass_on()
+            self.state = NET
+        self._sleep(seconds)
+        return True
+
+    @contextlib.contextmanager
+    def outside(self, deadline):
+        """Run a blocking call (a connect) without the turn; take it back after."""
+        held = self.state == HELD
+        self.give()
+        yield
+        if held:
+            self.take(max(deadline.end - time.monotonic(), 0.0))
+
+    def _sleep(self, seconds):
+        if self._wake.acquire(timeout=max(seconds, 0.0)):
+            return
+        with self.waits.mutex:
+            if self.state == HELD:      # handed over as the time ran out: ours after all
+                self._wake.acquire()
+                return
+            waited_for_cpu = self.state == QUEUED
+            if waited_for_cpu:
+                self.turns.queue.remove(self)
+            elif self.state == NET:
+                self.waits.forget(self)
+            self.state = IDLE
+        if waited_for_cpu:
+            raise Busy("the deadline passed while it waited for its turn here "
+                       "(too many handshakes at once)")
+        raise socket.timeout("timed out")
+
+
+class _Waits:
+    """A Listener's one poller for every handshake waiting for the network
+    (epoll, one-shot): a socket that becomes ready puts its Turn in the queue
+    of its listening socket. Where there is no epoll, each thread polls its
+    own socket (``Turn.wait``)."""
+
+    def __init__(self):
+        self.mutex = threading.Lock()
+        self.epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._by_fd = {}
+        self._thread = None
+
+    def watch(self, turn, sock, write):
+        """Wake ``turn`` once ``sock`` is ready (``mutex`` held)."""
+        fd = sock.fileno()
+        mask = (select.EPOLLOUT if write else select.EPOLLIN) | select.EPOLLONESHOT
+        try:
+            self.epoll.register(fd, mask)
+        except FileExistsError:     # registered before, disarmed since it fired
+            self.epoll.modify(fd, mask)
+        self._by_fd[fd] = turn
+        turn.fd = fd
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="handshake-waits", daemon=True)
+            self._thread.start()
+
+    def forget(self, turn):
+        """``turn`` waits no more (its time ran out; ``mutex`` held)."""
+        if self._by_fd.get(turn.fd) is turn:
+            del self._by_fd[turn.fd]
+            try:
+                self.epoll.unregister(turn.fd)
+            except OSError:
+                pass
+
+    def _run(self):
+        """Until nobody has waited for half a second: a listener at rest keeps no
+        thread for this (``watch`` starts one again)."""
+        while True:
+            events = self.epoll.poll(0.5)
+            with self.mutex:
+                for fd, _ in events:
+                    turn = self._by_fd.pop(fd, None)
+                    if turn is not None and turn.state == NET:
+                        turn.turns.ready(turn)
+                if not events and not self._by_fd:
+                    self._thread = None
+                    return
+
+
+def somaxconn():
+    """The system's limit on a listen backlog: a larger backlog is cut to it, a
+    smaller one overflows first (obfs4proxy, like every Go server, listens with it)."""
+    try:
+        with open("/proc/sys/net/core/somaxconn") as limit:
+            return max(int(limit.read()), 1)
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+
+
+def listen(address, backlog=None):
+    """A listening socket on (host, port); port 0 picks a free one. The backlog
+    is the system's most (``somaxconn``) unless given: a storm of connections
+    must wait in it, not be dropped by it."""
+    if backlog is None:
+        backlog = somaxconn()
     host, port = address
     family, kind, proto, _, sockaddr = socket.getaddrinfo(
         host, port, 0, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0]

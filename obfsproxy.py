@@ -78,6 +78,7 @@ Examples:
 """
 
 import dataclasses
+import math
 import os
 import re
 import signal
@@ -174,7 +175,7 @@ def mode_of(args):
     return "managed"
 
 
-def number(args, option, kind, low, default):
+def number(args, option, kind, low, default, high=None):
     text = args[option]
     if text is None:
         return default
@@ -182,8 +183,12 @@ def number(args, option, kind, low, default):
         value = kind(text)
     except ValueError:
         raise UsageError("%s: %r is not a %s" % (option, text, "whole number" if kind is int else "number"))
+    if not math.isfinite(value):    # float() takes "inf" and "nan"; no timer does
+        raise UsageError("%s: %r is not a finite number" % (option, text))
     if not value >= low:
         raise UsageError("%s must be at least %s" % (option, low))
+    if high is not None and value > high:
+        raise UsageError("%s must be at most %s" % (option, high))
     return value
 
 
@@ -288,7 +293,7 @@ def severity(args):
 
 def base_settings(args, name):
     """(Settings common to every listener of ``name``, max connections) from the command line."""
-    timeout = number(args, "--handshake-timeout", float, 0.001, 30.0)
+    timeout = number(args, "--handshake-timeout", float, 0.001, 30.0, high=86400)   # a day
     max_connections = number(args, "--max-connections", int, 1, 2048)
     if args["--proxy"]:
         try:

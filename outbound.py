@@ -21,6 +21,7 @@ ConnectionRefusedError ...), so the SOCKS handler maps each to a SOCKS reply.
 
 import base64
 import collections
+import contextlib
 import errno
 import hashlib
 import hmac
@@ -40,16 +41,31 @@ import socks
 
 class Deadline:
     """One deadline shared by every step of a handshake, so that a peer that
-    trickles a byte at a time cannot stretch it."""
+    trickles a byte at a time cannot stretch it.
 
-    def __init__(self, seconds):
+    ``turn``, if given, is the handshake's place in its listener's queue for the
+    CPU (listener.Turn): every step that waits for the network waits through it
+    (``turn.wait``), and a blocking call that is not a socket step (a connect, a
+    name lookup) runs ``outside()`` the turn, so that a handshake holds its turn
+    only while it computes."""
+
+    def __init__(self, seconds, turn=None):
         self.end = time.monotonic() + seconds
+        self.turn = turn
 
     def remaining(self):
         left = self.end - time.monotonic()
         if left <= 0:
             raise socket.timeout("handshake deadline passed")
         return left
+
+    def within(self, seconds):
+        """A shorter deadline (at most this one's) for one part, in the same turn."""
+        return Deadline(min(seconds, self.remaining()), self.turn)
+
+    def outside(self):
+        """A context for a blocking call made without the turn (a no-op without one)."""
+        return self.turn.outside(self) if self.turn is not None else contextlib.nullcontext()
 
 
 # The steps below take a socket in either mode. The proxy's own sockets are
@@ -102,8 +118,12 @@ def recv_exact(sock, n, deadline, error):
 
 def wait_until_ready(sock, deadline, write=False):
     """Wait until the non-blocking ``sock`` can be read (or written), or raise
-    socket.timeout when the deadline passes first, as a socket in timeout mode would."""
-    if not _ready(sock, write, deadline.remaining()):
+    socket.timeout when the deadline passes first, as a socket in timeout mode would.
+    With a turn, the wait gives the turn up and comes back with it (``Deadline``)."""
+    seconds = deadline.remaining()
+    turn = deadline.turn
+    ready = turn.wait(sock, write, seconds) if turn is not None else _ready(sock, write, seconds)
+    if not ready:
         raise socket.timeout("timed out")
 
 
@@ -205,10 +225,11 @@ def open_connection(address, deadline, proxy=None, sources=None):
     """A TCP connection to (host, port) with TCP_NODELAY and keepalive, within
     the deadline; through the outgoing ``proxy`` URI when one is given (never
     around it); from the ``sources`` addresses (see ``connect``)."""
-    if proxy is not None:
-        sock = connect_via_proxy(proxy, address, deadline, sources)
-    else:
-        sock = connect(address, deadline.remaining(), sources)
+    with deadline.outside():      # waits only: the proxy's exchange is a few bytes
+        if proxy is not None:
+            sock = connect_via_proxy(proxy, address, deadline, sources)
+        else:
+            sock = connect(address, deadline.remaining(), sources)
     try:
         tune(sock)
     except OSError:   # e.g. reset already: do not leak the descriptor

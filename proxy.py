@@ -123,6 +123,8 @@ class HopFailed(Exception):
 def why(exc):
     """A short lower-case reason for an OSError or any exception; a first word in
     capitals is an acronym and keeps them ("TLS: ...", not "tLS: ...")."""
+    if isinstance(exc, Busy):
+        return str(exc)
     if isinstance(exc, socket.timeout):
         return "timed out"
     text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
@@ -156,7 +158,10 @@ def hint(transport, kind):
 
 def failure_kind(transport, exc):
     """How a handshake failed: "protocol", "timeout", "closed" (by the peer, or
-    reset) or "other" (another socket error)."""
+    reset), "busy" (this process: it waited past the deadline for key work) or
+    "other" (another socket error)."""
+    if isinstance(exc, Busy):
+        return "busy"
     if isinstance(exc, transport.ProtocolError):
         return "protocol"
     if isinstance(exc, (PeerClosed, ConnectionResetError)):
@@ -167,25 +172,58 @@ def failure_kind(transport, exc):
 # --- Key work and its pools ------------------------------------------------------------
 
 class KeyWork:
-    """The one slot for expensive handshake work (modular exponentiation,
-    X25519, shared-secret hashing, a TLS handshake), held while a transport
-    that says ``expensive`` runs ``start`` or ``receive``.
+    """One listening socket's slot for expensive handshake work (modular
+    exponentiation, X25519, shared-secret hashing, a TLS handshake), held while
+    a transport that says ``expensive`` runs ``start`` or ``receive``.
 
     That work holds the GIL: N handshakes computing at once would slow every
-    other thread (the pump, the accept loop) N-fold. One at a time (two threads
-    cannot run Python in parallel anyway) keeps live tunnels flowing; the
-    others queue, each within its own handshake deadline. Owned by the
+    other thread (the pump, the accept loop) N-fold. One at a time per listening
+    socket keeps live tunnels flowing; the others queue, each within its own
+    handshake deadline. One slot per listening socket, not per process: a
+    bridge serving obfs2 with a shared secret (100,000 SHA-256 before the first
+    check, so cheap to probe) and obfs4 side by side must not let a flood of
+    24-byte obfs2 probes queue obfs4's handshakes behind it (it did: 2.4 ms
+    became 10 s at 30 probes a second). Slots made by ``sibling`` share the
+    count of handshakes under way, which the pools read (``idle``). Owned by the
     ``Listener``; see also ``listener.prepare_for_serving`` (the switch interval).
     """
 
-    def __init__(self):
+    def __init__(self, _activity=None):
         self._slot = threading.BoundedSemaphore(1)
-        self._lock = threading.Lock()
-        self.handshakes = 0           # transport handshakes under way, any transport
-        self._last = 0.0              # when the last one ended (time.monotonic())
+        self._activity = _activity or _Activity()
+
+    def sibling(self):
+        """A slot of its own that counts in the same activity (another listening socket)."""
+        return KeyWork(self._activity)
 
     def held(self, transport, deadline):
         return _Held(self._slot if transport.expensive else None, deadline)
+
+    def begin(self):
+        self._activity.begin()
+
+    def end(self):
+        self._activity.end()
+
+    @property
+    def handshakes(self):
+        return self._activity.handshakes
+
+    def idle(self):
+        """True after QUIET_SECONDS without any handshake. The pools refill only
+        then, so that their key work never takes a core from a connection being
+        set up (a 2-core machine running client, server and application has none
+        to spare: refilling right after each take made back-to-back setups slower)."""
+        return self._activity.idle()
+
+
+class _Activity:
+    """How many transport handshakes are under way, on any listening socket."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.handshakes = 0
+        self._last = 0.0              # when the last one ended (time.monotonic())
 
     def begin(self):
         with self._lock:
@@ -197,14 +235,18 @@ class KeyWork:
             self._last = time.monotonic()
 
     def idle(self):
-        """True after QUIET_SECONDS without any handshake. The pools refill only
-        then, so that their key work never takes a core from a connection being
-        set up (a 2-core machine running client, server and application has none
-        to spare: refilling right after each take made back-to-back setups slower)."""
         return not self.handshakes and time.monotonic() - self._last >= QUIET_SECONDS
 
 
 QUIET_SECONDS = 0.005   # no handshake for this long: the pools may refill
+
+
+class Busy(socket.timeout):
+    """The deadline passed while this handshake waited for its listener's key-work
+    slot or its turn for the CPU (listener.Turn): this process was busy, the peer
+    did nothing wrong. A socket.timeout, so
+    that every path that ends a timed-out handshake ends this one too; the log
+    says it as what it is (``why``, ``failure_kind``: "busy")."""
 
 
 class _Held:
@@ -212,8 +254,14 @@ class _Held:
         self.slot, self.deadline = slot, deadline
 
     def __enter__(self):
-        if self.slot is not None and not self.slot.acquire(timeout=self.deadline.remaining()):
-            raise socket.timeout("handshake deadline passed while waiting to derive keys")
+        if self.slot is not None:
+            try:
+                acquired = self.slot.acquire(timeout=self.deadline.remaining())
+            except socket.timeout:
+                acquired = False
+            if not acquired:
+                raise Busy("the deadline passed while it waited for this process's "
+                                     "key work (too many handshakes here at once)")
 
     def __exit__(self, *exc):
         if self.slot is not None:
@@ -295,22 +343,16 @@ def transport_handshake(sock, transport, deadline, key_work):
     return b"".join(plaintext)
 
 
-def drain_until(sock, until):
+def drain_until(sock, until, turn=None):
     """Read and discard until the monotonic time ``until`` or the peer's EOF:
     how an obfs4 server ends a failed handshake (it must not look different
-    from a slow one). The caller then closes with a FIN."""
+    from a slow one). The caller then closes with a FIN. ``turn``: the
+    handshake's (outbound.Deadline), given up while nothing comes."""
     try:
-        while True:
-            left = until - time.monotonic()
-            if left <= 0:
-                return
-            sock.settimeout(min(left, 5.0))
-            try:
-                if not sock.recv(CHUNK):
-                    return
-            except socket.timeout:
-                continue
-    except OSError:
+        deadline = Deadline(until - time.monotonic(), turn)
+        while outbound.recv_within(sock, CHUNK, deadline):
+            pass
+    except OSError:     # the time is up (socket.timeout), or the peer reset
         return
 
 
@@ -322,7 +364,7 @@ def handle_socks_client(conn, settings, tunnel):
 
     The config is made before we dial, as lyrebird does, so that work such as
     key generation happens before the censor sees a connection."""
-    deadline = Deadline(settings.handshake_timeout)
+    deadline = Deadline(settings.handshake_timeout, tunnel.turn)
     negotiation = socks.SocksServer()
     while negotiation.request is None:
         send_all(conn, negotiation.receive(recv_some(conn, deadline)), deadline)
@@ -346,7 +388,7 @@ def handle_socks_client(conn, settings, tunnel):
 
 def handle_fixed_client(conn, settings, tunnel):
     """No SOCKS: every connection goes to the one bridge of --dest or --bridge."""
-    deadline = Deadline(settings.handshake_timeout)
+    deadline = Deadline(settings.handshake_timeout, tunnel.turn)
     config = settings.client_config()
     server, transport, to_application = open_tunnel(settings, config, settings.dest, deadline, tunnel)
     return Relay(conn, server, transport, to_upstream=to_application)
@@ -367,7 +409,7 @@ def open_tunnel(settings, config, target, deadline, tunnel):
     routes = cls.routes(config, target) if hasattr(cls, "routes") else [(target, config)]
     for left in range(len(routes), 0, -1):
         address, route_config = routes[-left]
-        attempt = deadline if left == 1 else Deadline(deadline.remaining() / left)
+        attempt = deadline if left == 1 else deadline.within(deadline.remaining() / left)
         label = "" if len(routes) == 1 else " (route %d of %d)" % (len(routes) - left + 1, len(routes))
         try:
             return _dial(settings, route_config, address, attempt, tunnel, label)
@@ -400,8 +442,9 @@ def _dial(settings, config, address, deadline, tunnel, label=""):
             raise
         kind = failure_kind(transport, exc)
         reason = "the server closed the connection" if isinstance(exc, PeerClosed) else why(exc)
-        raise HopFailed("handshake", "%s handshake with the bridge %s failed: %s%s"
-                        % (transport.name, shown, reason, hint(transport, kind)),
+        failed = "not finished (not the bridge's fault)" if kind == "busy" else "failed"
+        raise HopFailed("handshake", "%s handshake with the bridge %s %s: %s%s"
+                        % (transport.name, shown, failed, reason, hint(transport, kind)),
                         code=socks.TTL_EXPIRED if kind == "timeout" else socks.GENERAL_FAILURE)
     tunnel.owns(server)           # closed with the connection, however and wherever it ends
     return server, transport, to_application
@@ -410,19 +453,19 @@ def _dial(settings, config, address, deadline, tunnel, label=""):
 def handle_server(conn, settings, tunnel):
     """Transport handshake with the client -> connect to --dest -> a Relay.
 
-    We reach the destination only after the handshake succeeded. For obfs4 and
-    webtunnel, whose handshakes check a secret first, probes and garbage never
-    touch Tor's ORPort; obfs3 takes any 192 bytes for a public value, so such
-    garbage does reach --dest (with an Extended ORPort, reported to Tor as a
-    user), as with obfs4proxy's obfs3. A failed handshake gets the transport's
-    answer if it has one (webtunnel: a web server's 404 page), or silence; a
-    transport with ``failure_linger`` (obfs4) keeps it open, reading and
-    discarding, until that many seconds after accept; then a FIN, as
-    obfs4proxy closes: a prober learns nothing from the timing or the close.
+    We reach the destination only after the handshake succeeded, so for obfs4
+    and webtunnel probes and garbage never touch Tor's ORPort. obfs3, and obfs2
+    without a shared secret, authenticate nobody: whoever speaks them opens a
+    connection to --dest, and for obfs3 any 192 bytes do (obfs4proxy's obfs3 too).
+    A failed handshake gets the transport's answer if it has one (webtunnel: a
+    web server's 404 page), or silence; a transport with ``failure_linger``
+    (obfs4) keeps it open, reading and discarding, until that many seconds
+    after accept; then a FIN, as obfs4proxy closes: a prober learns nothing
+    from the timing or the close.
     """
     transport = settings.new_transport(False, settings.config, tunnel.pools)
     limit = getattr(transport, "handshake_timeout", None) or settings.handshake_timeout
-    deadline = Deadline(limit)
+    deadline = Deadline(limit, tunnel.turn)
     try:
         to_destination = transport_handshake(conn, transport, deadline, tunnel.key_work)
     except (socket.timeout, PeerClosed, transport.ProtocolError) as exc:
@@ -430,17 +473,19 @@ def handle_server(conn, settings, tunnel):
         reply = getattr(exc, "reply", b"")
         if reply:
             try:
-                send_all(conn, reply, Deadline(1.0))
+                send_all(conn, reply, Deadline(1.0, tunnel.turn))
             except OSError:
                 pass
         linger = getattr(transport, "failure_linger", None)
         if linger is not None:
-            drain_until(conn, tunnel.accepted_at + linger)
+            drain_until(conn, tunnel.accepted_at + linger, tunnel.turn)
         if kind == "closed":
             raise       # the client gave up: not for the default level (a port scan does it)
         took = time.monotonic() - tunnel.accepted_at
         if kind == "timeout":
             text = "handshake timed out: no %s handshake within %.0f s" % (transport.name, limit)
+        elif kind == "busy":
+            text = "%s handshake not finished: %s" % (transport.name, exc)
         else:
             text = "not %s: %s" % (transport.name, exc)
         raise HopFailed("client-handshake", "%s%s; closed after %.0f s"
