@@ -137,6 +137,15 @@ try:
 except CryptoSettingError as _error:
     MODE, MODE_ERROR = None, _error
 
+
+
+def check_setting():
+    """Raise the CryptoSettingError of a bad OBFSPROXY_CRYPTO (each route module calls
+    this first; obfs2 and obfs3 get it from ``from accel import AES``)."""
+    if MODE_ERROR is not None:
+        raise MODE_ERROR
+
+
 USE_NACL, USE_PYCRYPTODOME = MODES.get(MODE, (False, False))
 # nacl is None without PyNaCl; NaClError is () then, so "except NaClError" catches nothing.
 nacl, NaClError, NACL_UNAVAILABLE = import_nacl(USE_NACL, MODE)

@@ -67,6 +67,8 @@ import os
 
 import accel
 
+accel.check_setting()     # a bad OBFSPROXY_CRYPTO stops here, in one line
+
 # The accelerator and the route chooser (accel.py), by the names the code below uses.
 _nacl, _NaClError, _PASSED_OVER = accel.nacl, accel.NaClError, accel.PASSED_OVER
 _choose, _answers, _gives = accel.choose, accel.answers, accel.gives

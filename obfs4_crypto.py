@@ -512,7 +512,7 @@ def _secretbox_proven(route):
 
 def _secretbox_route():
     """secretbox: PyNaCl, else pycryptodome's Salsa20 with the Poly1305 route."""
-    portable = "%s Salsa20 + %s Poly1305" % (SALSA20_ROUTE, POLY1305_ROUTE)
+    portable = "Salsa20 (%s) + Poly1305 (%s)" % (SALSA20_ROUTE, POLY1305_ROUTE)
     return _choose([(_NaClSecretBox if _nacl else None, "PyNaCl crypto_secretbox"),
                     (_PortableSecretBox, portable)], _secretbox_proven)
 

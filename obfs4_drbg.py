@@ -48,6 +48,8 @@ import struct
 
 import accel
 
+accel.check_setting()     # a bad OBFSPROXY_CRYPTO stops here, in one line
+
 # --------------------------------------------------------------------------------------
 # SipHash-2-4 (obfs4-spec 7.4), built from three steps so the DRBG can run it incrementally
 # --------------------------------------------------------------------------------------
