@@ -175,7 +175,8 @@ def make_aes_ctr(bindings):
     if not (b.EVP_CIPHER_CTX_new and b.EVP_CIPHER_CTX_free and b.EVP_EncryptInit_ex
             and b.EVP_EncryptUpdate and b.ciphers.get(16)):
         return None
-    new, free, init, update = b.EVP_CIPHER_CTX_new, b.EVP_CIPHER_CTX_free, b.EVP_EncryptInit_ex, b.EVP_EncryptUpdate
+    new, free = b.EVP_CIPHER_CTX_new, b.EVP_CIPHER_CTX_free
+    init, update = b.EVP_EncryptInit_ex, b.EVP_EncryptUpdate
     ciphers, char, buffer_of = b.ciphers, ctypes.c_char, ctypes.create_string_buffer
     chunk = 1 << 30                 # EVP_EncryptUpdate takes an int length
 

@@ -331,7 +331,8 @@ def drbg_proven(route):
 
 def _drbg_route():
     """The hash DRBG: libcrypto's streaming SipHash, else the Python rounds."""
-    return accel.choose([(_LibcryptoHashDrbg if accel.LibSipHashStream else None, "libcrypto EVP_MAC SipHash"),
+    streaming = _LibcryptoHashDrbg if accel.LibSipHashStream else None
+    return accel.choose([(streaming, "libcrypto EVP_MAC SipHash"),
                          (_PureHashDrbg, "pure Python")], drbg_proven)
 
 

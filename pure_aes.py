@@ -122,7 +122,8 @@ class AesCtr:
         size = len(data)
         if output is not None and len(output) != size:
             raise ValueError("output must have the length of the input")
-        result = (int.from_bytes(data, "big") ^ int.from_bytes(self._keystream(size), "big")).to_bytes(size, "big")
+        stream = self._keystream(size)
+        result = (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(size, "big")
         if output is None:
             return result
         output[:] = result

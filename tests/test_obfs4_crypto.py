@@ -820,7 +820,7 @@ def run_python(code, **env):
 
 # Python that breaks pycryptodome's Salsa20 (every byte of its keystream xor 1), run
 # before anything imports obfs4_crypto.
-BREAK_SALSA20 = ("from Crypto.Cipher import Salsa20\n"
+BREAK_SALSA20 = ("from %s.Cipher import Salsa20\n" % accel.PYCRYPTODOME +
                  "real = Salsa20.new\n"
                  "class Broken:\n"
                  "    def __init__(self, cipher): self.cipher = cipher\n"
@@ -857,13 +857,16 @@ def test_a_bad_obfsproxy_crypto_is_one_line_and_an_env_error_for_tor(mode, tmp_p
 def test_obfsproxy_crypto_stdlib_uses_no_package():
     result = run_python("import json, sys, obfs4_crypto as c, obfs2, obfs3\n"
                         "print(json.dumps([c.routes(), c.route_report(), obfs2.Obfs2.crypto_routes()[0],"
-                        " sorted(m for m in sys.modules if m.split('.')[0] in ('nacl', 'Crypto', 'Cryptodome'))]))",
+                        " sorted(m for m in sys.modules"
+                        "        if m.split('.')[0] in ('nacl', 'Crypto', 'Cryptodome'))]))",
                         OBFSPROXY_CRYPTO="stdlib")
     assert result.returncode == 0, result.stderr
     routes, report, aes, imported = json.loads(result.stdout)
     assert imported == []
-    assert not any("PyNaCl" in route or "pycryptodome" in route for route in list(routes.values()) + [aes["AES-CTR"]])
-    assert report.endswith("PyNaCl not used: OBFSPROXY_CRYPTO=stdlib; pycryptodome not used: OBFSPROXY_CRYPTO=stdlib")
+    names = list(routes.values()) + [aes["AES-CTR"]]
+    assert not any("PyNaCl" in route or "pycryptodome" in route for route in names)
+    assert report.endswith("PyNaCl not used: OBFSPROXY_CRYPTO=stdlib; "
+                           "pycryptodome not used: OBFSPROXY_CRYPTO=stdlib")
     assert aes["passed over"] == "pycryptodome not used: OBFSPROXY_CRYPTO=stdlib"
 
 
