@@ -1,64 +1,83 @@
-"""accel.py: the optional accelerator (PyNaCl), and how each crypto route is chosen.
+"""accel.py: the crypto libraries we may use, and how each crypto route is chosen.
 
-obfs4's primitives (obfs4_crypto.py, curve25519.py) each have candidate routes, fastest
-first: libsodium through PyNaCl when it is installed, then pycryptodome's C code, then
-pure Python. A candidate is used only if it gives every known answer (copied from
-``shared/vectors``; the tests check the copies) when its module is imported; one that
-is missing, raises, or answers wrongly is skipped for the next. The last candidate,
-the pure-Python function, is the fallback (the tests prove it on the same vectors), so
-an upgrade of either library can make us slower, never wrong. ``choose`` does this;
-``PASSED_OVER`` remembers which routes failed, for the route report.
+Every primitive the transports run has candidate routes, fastest first, from four
+families: libsodium through PyNaCl; pycryptodome's C code (its ``Crypto`` namespace
+from pip, or ``Cryptodome`` from Debian's python3-pycryptodome: the same code); OpenSSL's
+libcrypto, the one Python's own ``ssl`` runs, through ``ctypes`` (libcrypto.py); and
+pure Python (pure_aes.py, pure_salsa20.py and the pure functions of each module). Where
+a libcrypto route measured faster than pycryptodome's (AES-CTR: its set-up and its bulk;
+Poly1305; a streaming SipHash), it comes first. A candidate is used only if it gives
+every known answer (copied from ``shared/vectors``; the tests check the copies) when its
+module is imported; one that is missing, raises, or answers wrongly is skipped for the
+next. The last candidate, the pure-Python function, is the fallback (the tests prove it
+on the same vectors), so an upgrade of any library can make us slower, never wrong.
+``choose`` does this; ``PASSED_OVER`` remembers which routes failed, and
+``unavailable()`` why a family is not used at all, for the route report.
 
-``OBFSPROXY_CRYPTO=portable`` in the environment makes us ignore PyNaCl, as if it were
-not installed: the tests, CI's second run and the benchmark use it to run the
-pycryptodome routes on a machine that has both. Unset (or ``auto``) means "use PyNaCl
-when it imports"; any other value is an error.
+``OBFSPROXY_CRYPTO`` in the environment picks the families (``MODES``):
+
+=============  =======================================================================
+(unset), auto  every family that imports
+portable       ignore PyNaCl, as if it were not installed (the pycryptodome routes)
+stdlib         ignore PyNaCl and pycryptodome: only what Python alone has (libcrypto
+               through ctypes, then pure Python), as on a machine with nothing installed
+=============  =======================================================================
+
+The tests, CI and the benchmark use ``portable`` and ``stdlib`` to run those routes on a
+machine that has every library. Any other value is an error: a typo must not silently
+pick a route. Importing this module never fails for it (obfsproxy.py imports it before
+it can report errors); the first import of a route (``from accel import AES``) raises
+``CryptoSettingError``, which obfsproxy.py reports in one line, and to Tor as ENV-ERROR.
 
 We call pycryptodome and PyNaCl only through their public functions: no underscored
 names, no cffi handles. (Calling pycryptodome's ``_raw_api`` C handles directly saved
 ~3.5 µs per frame, but a private route can change its meaning in any release.) The one
-lightly documented name is ``Crypto.Hash.Poly1305.Poly1305_MAC`` (a raw-key Poly1305),
-used only after its known answers.
+lightly documented name is ``Poly1305.Poly1305_MAC`` (a raw-key Poly1305), used only
+after its known answers. libcrypto is called only through its public, documented API.
 """
 
+import importlib
 import os
 
-# pycryptodome's optional fast routes; each is used only after its import-time self-test.
-try:
-    from Crypto.Hash.Poly1305 import Poly1305_MAC  # a raw-key Poly1305
-except ImportError:
-    Poly1305_MAC = None
-try:
-    from Crypto.Protocol import DH  # pycryptodome >= 3.21
-except ImportError:
-    DH = None
-try:
-    from Crypto.Math.Numbers import Integer  # obfs3's modexp uses it too
-except ImportError:
-    Integer = None
-
 CRYPTO_ENV = "OBFSPROXY_CRYPTO"
+# value -> (use PyNaCl, use pycryptodome)
+MODES = {"auto": (True, True), "portable": (False, True), "stdlib": (False, False)}
+
+
+class KnownAnswerError(RuntimeError):
+    """The crypto routes cannot run as asked: a primitive with no fallback gave a wrong
+    known answer at import, or (``CryptoSettingError``) OBFSPROXY_CRYPTO names no
+    family. obfsproxy.py says it in one line, and to Tor as ENV-ERROR."""
+
+
+class CryptoSettingError(KnownAnswerError, ValueError):
+    """OBFSPROXY_CRYPTO has a value that is not in ``MODES``."""
+
+
+def crypto_mode(environ):
+    """"auto", "portable" or "stdlib" from OBFSPROXY_CRYPTO (unset or empty: "auto");
+    CryptoSettingError, in one line that names the values, for any other."""
+    value = environ.get(CRYPTO_ENV, "").strip().lower() or "auto"
+    if value not in MODES:
+        raise CryptoSettingError(
+            "%s=%r is not a crypto route setting: use 'auto' (the default: the fastest route that "
+            "gives the known answers), 'portable' (ignore PyNaCl) or 'stdlib' (no package: libcrypto "
+            "through ctypes, then pure Python)" % (CRYPTO_ENV, environ[CRYPTO_ENV]))
+    return value
 
 
 def use_nacl(environ):
-    """False if ``OBFSPROXY_CRYPTO=portable`` (ignore PyNaCl), True if unset or ``auto``;
-    any other value is a ValueError (a typo must not silently pick a route)."""
-    value = environ.get(CRYPTO_ENV, "").strip().lower()
-    if value in ("", "auto"):
-        return True
-    if value == "portable":
-        return False
-    raise ValueError("%s=%r: use 'portable' (ignore PyNaCl) or 'auto' (the default)"
-                     % (CRYPTO_ENV, environ[CRYPTO_ENV]))
+    """True if OBFSPROXY_CRYPTO lets PyNaCl be used (unset or ``auto``)."""
+    return MODES[crypto_mode(environ)][0]
 
 
-def import_nacl(use_nacl):
+def import_nacl(use_nacl, mode="portable"):
     """(nacl.bindings, nacl.exceptions.CryptoError, None) or (None, (), why not).
 
     An ImportError is the normal "not installed"; any other exception while importing
     (a broken build, a libsodium that fails to load) also leaves PyNaCl out, and says so."""
     if not use_nacl:
-        return None, (), "%s=portable" % CRYPTO_ENV
+        return None, (), "%s=%s" % (CRYPTO_ENV, mode)
     try:
         from nacl import bindings
         from nacl.exceptions import CryptoError
@@ -69,12 +88,97 @@ def import_nacl(use_nacl):
     return bindings, CryptoError, None
 
 
+def import_pycryptodome(use, mode="stdlib", namespaces=("Crypto", "Cryptodome")):
+    """(package name, None) for the first of ``namespaces`` that holds pycryptodome
+    (pip's ``Crypto``, else Debian's ``Cryptodome``), or (None, why not)."""
+    if not use:
+        return None, "%s=%s" % (CRYPTO_ENV, mode)
+    for name in namespaces:
+        try:
+            importlib.import_module(name + ".Cipher.AES")
+        except ImportError:
+            continue
+        except Exception as exc:  # a broken build is a missing one: the routes below fall back
+            return None, "pycryptodome failed to import (%s: %s)" % (type(exc).__name__, exc)
+        return name, None
+    return None, "pycryptodome is not installed (neither Crypto nor Cryptodome)"
+
+
+def pycryptodome(module, attribute=None):
+    """pycryptodome's ``module`` (e.g. "Cipher.Salsa20") from the namespace found, or
+    one ``attribute`` of it; None if pycryptodome is not used or lacks it."""
+    if PYCRYPTODOME is None:
+        return None
+    try:
+        found = importlib.import_module("%s.%s" % (PYCRYPTODOME, module))
+    except ImportError:
+        return None
+    except Exception:  # a broken module is a missing one: the routes below fall back
+        return None
+    return found if attribute is None else getattr(found, attribute, None)
+
+
+def load_libcrypto():
+    """(libcrypto.Bindings, None) or (None, why not): ctypes may be missing (a Python
+    built without it), or no libcrypto may load."""
+    try:
+        import libcrypto
+    except ImportError as exc:
+        return None, "ctypes is not available (%s)" % exc
+    try:
+        lib, why = libcrypto.find()
+        return (libcrypto.Bindings(lib), None) if lib else (None, why)
+    except Exception as exc:  # never let a strange library stop the program
+        return None, "libcrypto could not be used (%s: %s)" % (type(exc).__name__, exc)
+
+
+try:
+    MODE, MODE_ERROR = crypto_mode(os.environ), None
+except CryptoSettingError as _error:
+    MODE, MODE_ERROR = None, _error
+
+
+
+def check_setting():
+    """Raise the CryptoSettingError of a bad OBFSPROXY_CRYPTO (each route module calls
+    this first; obfs2 and obfs3 get it from ``from accel import AES``)."""
+    if MODE_ERROR is not None:
+        raise MODE_ERROR
+
+
+USE_NACL, USE_PYCRYPTODOME = MODES.get(MODE, (False, False))
 # nacl is None without PyNaCl; NaClError is () then, so "except NaClError" catches nothing.
-nacl, NaClError, NACL_UNAVAILABLE = import_nacl(use_nacl(os.environ))
+nacl, NaClError, NACL_UNAVAILABLE = import_nacl(USE_NACL, MODE)
+PYCRYPTODOME, PYCRYPTODOME_UNAVAILABLE = import_pycryptodome(USE_PYCRYPTODOME, MODE)
+LIBCRYPTO, LIBCRYPTO_UNAVAILABLE = load_libcrypto() if MODE else (None, "no setting")
+
+# pycryptodome's optional fast routes; each is used only after its import-time self-test.
+Poly1305_MAC = pycryptodome("Hash.Poly1305", "Poly1305_MAC")   # a raw-key Poly1305
+DH = pycryptodome("Protocol.DH")                                # pycryptodome >= 3.21
+Integer = pycryptodome("Math.Numbers", "Integer")               # obfs3's modexp uses it too
+Salsa20 = pycryptodome("Cipher.Salsa20")
 
 
-class KnownAnswerError(RuntimeError):
-    """A primitive that has no fallback gave a wrong known answer at import."""
+def unavailable():
+    """{family: why it is not used} for the families that are not, e.g.
+    {"PyNaCl": "OBFSPROXY_CRYPTO=stdlib", "pycryptodome": "OBFSPROXY_CRYPTO=stdlib"}."""
+    found = {"PyNaCl": NACL_UNAVAILABLE, "pycryptodome": PYCRYPTODOME_UNAVAILABLE,
+             "libcrypto": LIBCRYPTO_UNAVAILABLE}
+    return {family: why for family, why in found.items() if why}
+
+
+def passed_over_text(pieces=None, families=None):
+    """Why the faster routes were passed over, for the route report and the start-up
+    NOTICE: the families not used and the routes that failed a known answer, e.g.
+    "PyNaCl not used: OBFSPROXY_CRYPTO=portable; AES-CTR: libcrypto EVP failed its
+    known answer". Empty when nothing was passed over. ``pieces`` limits the failed
+    routes to those pieces, ``families`` the families named to those."""
+    parts = ["%s not used: %s" % (family, why) for family, why in unavailable().items()
+             if families is None or family in families]
+    for piece, failed in PASSED_OVER.items():
+        if failed and (pieces is None or piece in pieces):
+            parts.append("%s: %s failed its known answer" % (piece, ", ".join(failed)))
+    return "; ".join(parts)
 
 
 def gives(function, answers):
@@ -113,3 +217,138 @@ def answers(answers):
 
 # piece -> the routes that failed their known answers at import (for ``route_report``)
 PASSED_OVER = {}
+
+
+# --------------------------------------------------------------------------------------
+# libcrypto's routes (each None where the library or the name is missing)
+# --------------------------------------------------------------------------------------
+
+def _from_libcrypto(make):
+    """libcrypto.<make>(LIBCRYPTO), or None without libcrypto or when it fails."""
+    if LIBCRYPTO is None:
+        return None
+    import libcrypto
+    try:
+        return getattr(libcrypto, make)(LIBCRYPTO)
+    except Exception:  # a strange library is a missing one: the routes below fall back
+        return None
+
+
+LibAesCtr = _from_libcrypto("make_aes_ctr")
+lib_x25519 = _from_libcrypto("make_x25519")
+lib_poly1305 = _from_libcrypto("make_poly1305")
+LibSipHashStream = _from_libcrypto("make_siphash_stream")
+
+
+# --------------------------------------------------------------------------------------
+# AES-CTR (obfs2, obfs3): libcrypto, pycryptodome, pure Python
+# --------------------------------------------------------------------------------------
+
+_PycryptodomeAES = pycryptodome("Cipher.AES")
+
+
+def _aes_ctr_pycryptodome(key, initial_value):
+    """pycryptodome's CTR over a whole 16-byte counter block (``nonce=b""``)."""
+    return _PycryptodomeAES.new(key, _PycryptodomeAES.MODE_CTR, nonce=b"", initial_value=initial_value)
+
+
+# NIST SP 800-38A F.5.1, F.5.3, F.5.5 (CTR-AES128/192/256.Encrypt, four blocks each), and
+# one counter block that carries across its low 64 bits (obfs2's counter is a random
+# 16 bytes; that answer is FIPS-197 AES of the three counter blocks, see the tests).
+_SP800_38A_PLAINTEXT = bytes.fromhex(
+    "6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e51"
+    "30c81c46a35ce411e5fbc1191a0a52eff69f2445df4f9b17ad2b417be66c3710")
+_SP800_38A_COUNTER = bytes.fromhex("f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff")
+AES_CTR_ANSWERS = [
+    (bytes.fromhex("2b7e151628aed2a6abf7158809cf4f3c"), _SP800_38A_COUNTER, _SP800_38A_PLAINTEXT,
+     bytes.fromhex("874d6191b620e3261bef6864990db6ce9806f66b7970fdff8617187bb9fffdff"
+                   "5ae4df3edbd5d35e5b4f09020db03eab1e031dda2fbe03d1792170a0f3009cee")),
+    (bytes.fromhex("8e73b0f7da0e6452c810f32b809079e562f8ead2522c6b7b"), _SP800_38A_COUNTER,
+     _SP800_38A_PLAINTEXT,
+     bytes.fromhex("1abc932417521ca24f2b0459fe7e6e0b090339ec0aa6faefd5ccc2c6f4ce8e94"
+                   "1e36b26bd1ebc670d1bd1d665620abf74f78a7f6d29809585a97daec58c6b050")),
+    (bytes.fromhex("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4"),
+     _SP800_38A_COUNTER, _SP800_38A_PLAINTEXT,
+     bytes.fromhex("601ec313775789a5b7a7f504bbf3d228f443e3ca4d62b59aca84e990cacaf5c5"
+                   "2b0930daa23de94ce87017ba2d84988ddfc9c58db67aada613c2dd08457941a6")),
+    (bytes.fromhex("2b7e151628aed2a6abf7158809cf4f3c"), bytes.fromhex("00000000000000ffffffffffffffffff"),
+     bytes(48), bytes.fromhex("dacc9148febbffe342d5805537ea155ff644566de02f529aa57d9a6064ac0ab6"
+                              "81bca66820a2754afa4e7b135caed7a9")),
+]
+
+
+def aes_ctr_proven(route):
+    """True if the AES-CTR class ``route(key, counter_block)`` gives every answer in one
+    call, in two calls split mid-block (the keystream carries over), and in place
+    (``output=`` a bytearray): the known answers of every way obfs2/obfs3 call it."""
+    try:
+        for key, counter, plaintext, ciphertext in AES_CTR_ANSWERS:
+            if route(key, counter).encrypt(plaintext) != ciphertext:
+                return False
+            cipher = route(key, counter)        # (pycryptodome refuses decrypt after encrypt)
+            if cipher.encrypt(plaintext[:7]) + cipher.encrypt(memoryview(plaintext)[7:]) != ciphertext:
+                return False
+            if route(key, counter).decrypt(ciphertext) != plaintext:
+                return False
+            buffer = bytearray(plaintext)
+            if route(key, counter).encrypt(buffer, output=buffer) is not None or buffer != ciphertext:
+                return False
+        return True
+    except Exception:  # a broken fast route must never stop the program: the next one runs
+        return False
+
+
+def _aes_ctr_route():
+    """AES-CTR: libcrypto (faster to set up and to run than pycryptodome's Python layer
+    over its C: see the module docstring), else pycryptodome, else pure Python."""
+    import pure_aes
+    return choose([(LibAesCtr, "libcrypto EVP_EncryptUpdate"),
+                   (_aes_ctr_pycryptodome if _PycryptodomeAES else None, "pycryptodome AES"),
+                   (pure_aes.AesCtr, "pure Python")], aes_ctr_proven)
+
+
+aes_ctr, AES_CTR_ROUTE, PASSED_OVER["AES-CTR"] = _aes_ctr_route() if MODE else (None, None, [])
+
+
+def aes_ctr_routes():
+    """({piece: route}, [pieces in pure Python]) of AES-CTR, for a transport's
+    ``crypto_routes()``; with "passed over" (why faster routes were) when any was."""
+    routes = {"AES-CTR": AES_CTR_ROUTE}
+    why = passed_over_text(["AES-CTR"], ["pycryptodome", "libcrypto"])
+    if why:
+        routes["passed over"] = why
+    return routes, (["AES-CTR"] if AES_CTR_ROUTE == "pure Python" else [])
+
+
+class _AES:
+    """``AES.new`` as obfs2, obfs3 and the tests call pycryptodome's: CTR mode over a
+    whole 16-byte counter block (``nonce=b""``, ``initial_value`` bytes or int) runs
+    on the route chosen above; any other mode (ECB, GCM: the tests, the demo) goes to
+    pycryptodome, and needs it."""
+
+    MODE_ECB, MODE_CTR, MODE_GCM = 1, 6, 11     # pycryptodome's values
+
+    @staticmethod
+    def new(key, mode, *args, **kwargs):
+        if mode == _AES.MODE_CTR and not args and kwargs.get("nonce") == b"" \
+                and set(kwargs) <= {"nonce", "initial_value"}:
+            counter = kwargs.get("initial_value", 0)
+            if isinstance(counter, int):
+                counter = counter.to_bytes(16, "big")
+            return aes_ctr(bytes(key), bytes(counter))
+        if _PycryptodomeAES is None:
+            raise ValueError("AES mode %r (other than CTR over a whole counter block) needs "
+                             "pycryptodome: %s" % (mode, PYCRYPTODOME_UNAVAILABLE))
+        return _PycryptodomeAES.new(key, mode, *args, **kwargs)
+
+
+if MODE:
+    AES = _AES
+
+
+def __getattr__(name):
+    """With a bad OBFSPROXY_CRYPTO no route exists: ``from accel import AES`` (the first
+    thing each transport does) raises the CryptoSettingError, in one line."""
+    if MODE_ERROR is not None and name in ("AES",):
+        raise MODE_ERROR
+    raise AttributeError("module 'accel' has no attribute %r" % name)

@@ -79,7 +79,7 @@ import re
 import secrets
 import struct
 
-from Crypto.Cipher import AES
+from accel import AES, aes_ctr_routes
 
 MAGIC_VALUE = 0x2BF5CA7E
 SEED_LENGTH = 16
@@ -268,6 +268,11 @@ class Obfs2:
         (True, "closed"): "(wrong protocol, or a different shared secret)",
         (False, "protocol"): "(wrong protocol, or a different shared secret)",
     }
+
+    @classmethod
+    def crypto_routes(cls):
+        """({"AES-CTR": route}, ["AES-CTR"] if it runs in pure Python)."""
+        return aes_ctr_routes()
 
     @classmethod
     def client_config(cls, options):

@@ -145,12 +145,7 @@ from collections import namedtuple
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
-from Crypto.Cipher import AES
-
-try:
-    from Crypto.Math.Numbers import Integer
-except ImportError:     # a pycryptodome without it: Python's pow() does the work
-    Integer = None
+from accel import AES, Integer, aes_ctr_routes  # Integer: None without pycryptodome (then pow())
 
 # RFC 3526 group 5, the 1536-bit MODP group; generator 2.
 P = int(
@@ -387,8 +382,11 @@ class Obfs3:
 
     @classmethod
     def crypto_routes(cls):
-        """({"obfs3 modexp": route}, [it, if pow() runs it: slower, not constant time])."""
-        return {"obfs3 modexp": MODEXP_ROUTE}, (["obfs3 modexp"] if modexp is modexp_python else [])
+        """({"obfs3 modexp": route, "AES-CTR": route}, [the pieces in pure Python:
+        slower, not constant time])."""
+        routes, slow = aes_ctr_routes()
+        return (dict({"obfs3 modexp": MODEXP_ROUTE}, **routes),
+                (["obfs3 modexp"] if modexp is modexp_python else []) + slow)
 
     @classmethod
     def client_config(cls, options):

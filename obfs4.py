@@ -887,7 +887,7 @@ class Obfs4:
     def crypto_routes(cls):
         """{piece: route} as obfs4_crypto chose them at import (PyNaCl, pycryptodome
         or pure Python), and the pieces that run in pure Python where a C route exists."""
-        return obfs4_crypto.routes(), obfs4_crypto.pure_python_routes()
+        return obfs4_crypto.reported_routes(), obfs4_crypto.pure_python_routes()
 
     @classmethod
     def client_config(cls, options):

@@ -87,17 +87,16 @@ import hashlib
 import hmac
 import struct
 
-from Crypto.Cipher import Salsa20
-
 import accel
 import curve25519
 import obfs4_drbg
-from accel import NACL_UNAVAILABLE, KnownAnswerError
+import pure_salsa20
+from accel import KnownAnswerError  # noqa: F401  (re-exported: obfs4_crypto.KnownAnswerError)
 
 # The accelerator and the route chooser (accel.py), by the names the code below uses.
 _nacl, _NaClError, _PASSED_OVER = accel.nacl, accel.NaClError, accel.PASSED_OVER
 _choose, _answers, _gives = accel.choose, accel.answers, accel.gives
-_Poly1305_MAC = accel.Poly1305_MAC
+_Poly1305_MAC, _lib_poly1305, Salsa20 = accel.Poly1305_MAC, accel.lib_poly1305, accel.Salsa20
 
 # --------------------------------------------------------------------------------------
 # HKDF-SHA256 (RFC 5869), for ntor's key expansion
@@ -184,8 +183,7 @@ def _hsalsa20_pycryptodome(key32, input16):
 def xsalsa20_keystream(key32, nonce24, length):
     """The first ``length`` bytes of XSalsa20(key, nonce):
     Salsa20/20(HSalsa20(key, nonce[0:16]), nonce[16:24]), block counter from 0."""
-    cipher = Salsa20.new(key=hsalsa20(key32, nonce24[:16]), nonce=bytes(nonce24[16:24]))
-    return cipher.encrypt(bytes(length))
+    return bytes(_salsa20_xor(hsalsa20(key32, nonce24[:16]), bytes(nonce24[16:24]), bytes(length)))
 
 
 # --------------------------------------------------------------------------------------
@@ -234,8 +232,11 @@ _POLY1305_ANSWERS = [
 
 
 def _poly1305_route():
-    """Poly1305: pycryptodome's raw-key class, else pure Python."""
-    return _choose([(_poly1305_pycryptodome if _Poly1305_MAC else None, "pycryptodome Poly1305_MAC"),
+    """Poly1305: libcrypto's one-call EVP_Q_mac (~10 µs a frame, where pycryptodome's
+    Python layer around its C costs ~30), else pycryptodome's raw-key class, else pure
+    Python."""
+    return _choose([(_lib_poly1305, "libcrypto EVP_Q_mac"),
+                    (_poly1305_pycryptodome if _Poly1305_MAC else None, "pycryptodome Poly1305_MAC"),
                     (_poly1305_pure, "pure Python")], _answers(_POLY1305_ANSWERS))
 
 
@@ -255,20 +256,14 @@ _SALSA20_ANSWERS = [
 ]
 
 
-def _require_salsa20(salsa20_xor):
-    """Salsa20 has no fallback (there is no pure-Python Salsa20 here: pycryptodome is a
-    dependency), so its known answer does not pick a route, it decides whether we run
-    at all: KnownAnswerError unless ``salsa20_xor`` gives every answer."""
-    if not _gives(salsa20_xor, _SALSA20_ANSWERS):
-        raise KnownAnswerError(
-            "pycryptodome's Salsa20 gave a wrong known answer (NaCl's stream3 vector): "
-            "refusing to run obfs4 with a broken cipher. Reinstall pycryptodome "
-            "(python3 -m pip install --force-reinstall pycryptodome) and try again.")
-    return salsa20_xor
+def _salsa20_route():
+    """Salsa20: pycryptodome's, else pure Python with every block of a frame side by
+    side (pure_salsa20.py; not in OpenSSL)."""
+    return _choose([(_salsa20_xor_pycryptodome if Salsa20 else None, "pycryptodome Salsa20"),
+                    (pure_salsa20.salsa20_xor, "pure Python")], _answers(_SALSA20_ANSWERS))
 
 
-_salsa20_xor = _require_salsa20(_salsa20_xor_pycryptodome)
-SALSA20_ROUTE = "pycryptodome Salsa20"
+_salsa20_xor, SALSA20_ROUTE, _PASSED_OVER["Salsa20"] = _salsa20_route()
 
 # NaCl's core1/core2 examples (obfs4-primitives.json, "hsalsa20"); the second has a
 # non-zero block counter, so it proves that ``seek`` reaches it.
@@ -283,7 +278,8 @@ _HSALSA20_ANSWERS = [
 
 def _hsalsa20_route():
     """HSalsa20: one seeked pycryptodome Salsa20 block, else pure Python."""
-    return _choose([(_hsalsa20_pycryptodome, "pycryptodome Salsa20 seek"), (_hsalsa20_pure, "pure Python")],
+    return _choose([(_hsalsa20_pycryptodome if Salsa20 else None, "pycryptodome Salsa20 seek"),
+                    (_hsalsa20_pure, "pure Python")],
                    _answers(_HSALSA20_ANSWERS))
 
 
@@ -403,7 +399,12 @@ class _NaClSecretBox(SecretBox):
 
 
 class _PortableSecretBox(SecretBox):
-    """pycryptodome's Salsa20 and the Poly1305 route, with the HSalsa20 subkey cached."""
+    """The Salsa20 and Poly1305 routes, with the HSalsa20 subkey cached. On the
+    pure-Python Salsa20, ``seal_packets`` computes the keystream blocks of many frames
+    side by side (up to ``BATCH_BLOCKS`` at a time: past that the integers outgrow the
+    CPU's cache and each block costs more again)."""
+
+    BATCH_BLOCKS = 256
 
     def __init__(self, key32, nonce_prefix16):
         SecretBox.__init__(self, key32, nonce_prefix16)
@@ -411,6 +412,26 @@ class _PortableSecretBox(SecretBox):
 
     def seal(self, counter, packet):
         return _seal(self._subkey, _be64(counter), packet)
+
+    def seal_packets(self, counter, packets):
+        if _salsa20_xor is not pure_salsa20.salsa20_xor:
+            return SecretBox.seal_packets(self, counter, packets)
+        _check_counters(counter, len(packets))
+        sealed, batch, blocks = [], [], 0
+        for n, packet in enumerate(packets, counter):
+            batch.append((n.to_bytes(8, "big"), _ZERO32 + bytes(packet)))
+            blocks += (len(packet) + 95) // 64
+            if blocks >= self.BATCH_BLOCKS:
+                sealed += self._seal_batch(batch)
+                batch, blocks = [], 0
+        return sealed + self._seal_batch(batch) if batch else sealed
+
+    def _seal_batch(self, batch):
+        boxes = []
+        for out in pure_salsa20.salsa20_xor_many(self._subkey, batch):
+            ciphertext = memoryview(out)[32:]
+            boxes.append(poly1305(out[:32], ciphertext) + ciphertext)
+        return boxes
 
     def open_view(self, counter, box):
         return _open(self._subkey, _be64(counter), box)
@@ -491,8 +512,7 @@ def _secretbox_proven(route):
 
 def _secretbox_route():
     """secretbox: PyNaCl, else pycryptodome's Salsa20 with the Poly1305 route."""
-    portable = "pycryptodome Salsa20 + %s" % (
-        "Poly1305_MAC" if poly1305 is _poly1305_pycryptodome else "pure-Python Poly1305")
+    portable = "Salsa20 (%s) + Poly1305 (%s)" % (SALSA20_ROUTE, POLY1305_ROUTE)
     return _choose([(_NaClSecretBox if _nacl else None, "PyNaCl crypto_secretbox"),
                     (_PortableSecretBox, portable)], _secretbox_proven)
 
@@ -515,6 +535,17 @@ def routes():
             "HSalsa20": HSALSA20_ROUTE, "Salsa20": SALSA20_ROUTE}
 
 
+def reported_routes():
+    """``routes()`` and, when any faster route was passed over, a last entry "passed
+    over" saying why (a family not used, a known answer failed): what obfs4 reports
+    for the start-up NOTICE, so that it says what ``route_report()`` says."""
+    chosen = routes()
+    why = accel.passed_over_text(list(chosen))
+    if why:
+        chosen["passed over"] = why
+    return chosen
+
+
 def pure_python_routes():
     """The pieces in use that fell back to pure Python although a C route exists, for a
     one-time warning (slower, and not constant time): e.g. ["X25519"] when neither
@@ -523,7 +554,7 @@ def pure_python_routes():
     DRBG, which is Python by design (obfs4_drbg.py says why)."""
     pieces = ["X25519", "edwards25519", "Elligator2"]
     if _SecretBoxRoute is _PortableSecretBox:
-        pieces = ["Poly1305", "HSalsa20"] + pieces
+        pieces = ["Salsa20", "Poly1305", "HSalsa20"] + pieces
     chosen = routes()
     return [piece for piece in pieces if chosen[piece] == "pure Python"]
 
@@ -536,6 +567,5 @@ def route_report():
         failed = _PASSED_OVER.get(piece)
         parts.append("%s: %s%s" % (piece, route, " (%s failed its known answer)" % ", ".join(failed)
                                    if failed else ""))
-    if NACL_UNAVAILABLE:
-        parts.append("PyNaCl not used: %s" % NACL_UNAVAILABLE)
+    parts += ["%s not used: %s" % item for item in accel.unavailable().items()]
     return "; ".join(parts)

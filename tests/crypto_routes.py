@@ -12,16 +12,19 @@ from support import IN_CI
 import accel
 import curve25519 as curve
 import obfs4_crypto as c
+import pure_salsa20
 
-ROUTES = ["chosen route", "PyNaCl", "pycryptodome", "pure Python"]
+ROUTES = ["chosen route", "PyNaCl", "pycryptodome", "libcrypto", "pure Python"]
 
 
 def need(present, what):
     """Skip a test whose library is missing; in CI, fail it (CI installs everything)."""
     if present:
         return
-    if accel.NACL_UNAVAILABLE == "%s=portable" % accel.CRYPTO_ENV and what == "PyNaCl":
-        pytest.skip("PyNaCl is ignored here (%s=portable)" % accel.CRYPTO_ENV)
+    if accel.MODE != "auto" and what == "PyNaCl":
+        pytest.skip("PyNaCl is ignored here (%s=%s)" % (accel.CRYPTO_ENV, accel.MODE))
+    if accel.MODE == "stdlib" and what.startswith("pycryptodome"):
+        pytest.skip("pycryptodome is ignored here (%s=stdlib)" % accel.CRYPTO_ENV)
     if IN_CI:
         pytest.fail("%s is missing, but CI installs it (requirements-dev.txt)" % what)
     pytest.skip("%s is not installed" % what)
@@ -30,8 +33,9 @@ def need(present, what):
 def use_route(monkeypatch, name):
     """Patch one family of routes in (until the test ends): "PyNaCl" (secretbox,
     X25519, edwards25519), "pycryptodome" (those three and Poly1305, HSalsa20,
-    Elligator2's field power), "pure Python" (the pure functions; the secretbox then
-    runs pycryptodome's Salsa20, which has no alternative), "chosen route" (nothing).
+    Salsa20, Elligator2's field power), "libcrypto" (Poly1305 and X25519 through
+    ctypes, the rest pure Python: what OBFSPROXY_CRYPTO=stdlib runs), "pure Python"
+    (the pure functions), "chosen route" (nothing).
     Code that imported a patched name itself (obfs4's ``x25519``) must be patched by
     its test too."""
     if name == "PyNaCl":
@@ -43,7 +47,9 @@ def use_route(monkeypatch, name):
         need(accel.DH is not None, "pycryptodome >= 3.21 (Crypto.Protocol.DH)")
         need(curve._dirty_u_pycryptodome is not curve._dirty_u_unavailable, "pycryptodome's Ed25519 EccPoint")
         need(accel.Integer is not None, "pycryptodome's Integer")
+        need(accel.Salsa20 is not None, "pycryptodome's Salsa20")
         patch = [(c, "_SecretBoxRoute", c._PortableSecretBox), (c, "poly1305", c._poly1305_pycryptodome),
+                 (c, "_salsa20_xor", c._salsa20_xor_pycryptodome),
                  (c, "hsalsa20", c._hsalsa20_pycryptodome), (curve, "x25519", curve._x25519_pycryptodome),
                  (curve, "_dirty_u", curve._dirty_u_pycryptodome),
                  (curve, "_field_pow", curve._field_pow_pycryptodome)]
@@ -51,7 +57,13 @@ def use_route(monkeypatch, name):
         patch = [(c, "_SecretBoxRoute", c._PortableSecretBox), (c, "poly1305", c._poly1305_pure),
                  (c, "hsalsa20", c._hsalsa20_pure), (curve, "x25519", curve._x25519_pure),
                  (curve, "_dirty_u", curve._dirty_u_pure), (curve, "_field_pow", curve._field_pow_pure),
-                 (c, "_salsa20_xor", c._salsa20_xor_pycryptodome)]
+                 (c, "_salsa20_xor", pure_salsa20.salsa20_xor)]
+    elif name == "libcrypto":
+        need(accel.lib_poly1305 is not None and accel.lib_x25519 is not None, "libcrypto (OpenSSL 3)")
+        patch = [(c, "_SecretBoxRoute", c._PortableSecretBox), (c, "poly1305", accel.lib_poly1305),
+                 (c, "hsalsa20", c._hsalsa20_pure), (curve, "x25519", accel.lib_x25519),
+                 (curve, "_dirty_u", curve._dirty_u_pure), (curve, "_field_pow", curve._field_pow_pure),
+                 (c, "_salsa20_xor", pure_salsa20.salsa20_xor)]
     else:
         assert name == "chosen route"
         patch = []

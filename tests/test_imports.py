@@ -62,8 +62,10 @@ def test_the_project_keeps_its_import_rules():
     assert not [(m, d) for m in runtime if m != "obfsproxy" for d in graph[m] if d.startswith("teaching")]
     assert {"teaching.demo", "teaching.capture"} <= set(graph["obfsproxy"])   # lazily, in dispatch
     assert graph["obfs4"] == ["curve25519", "obfs4_crypto", "obfs4_drbg"]
-    assert graph["relay"] == graph["webtunnel"] == graph["accel"] == []
-    assert all(set(graph[leaf]) <= {"obfs4_crypto", "obfs4_drbg", "curve25519", "accel"} for leaf in LEAVES)
+    assert graph["relay"] == graph["webtunnel"] == graph["libcrypto"] == graph["pure_aes"] == []
+    assert graph["accel"] == ["libcrypto", "pure_aes"]
+    allowed = {"obfs4_crypto", "obfs4_drbg", "curve25519", "accel", "libcrypto", "pure_aes", "pure_salsa20"}
+    assert all(set(graph[leaf]) <= allowed for leaf in LEAVES)
     assert "obfsproxy" not in [dep for deps in graph.values() for dep in deps]
     assert graph["proxy"] and "transports" in graph["proxy"]   # the graph is really read
 

@@ -37,13 +37,15 @@ from pathlib import Path
 
 CLI = "obfsproxy"
 TEACHING = "teaching"
-LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "obfs4_drbg", "curve25519", "accel", "socks",
-          "webtunnel", "teaching.tlswire", "relay")
+LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "obfs4_drbg", "curve25519", "accel", "libcrypto",
+          "pure_aes", "pure_salsa20", "socks", "webtunnel", "teaching.tlswire", "relay")
 # obfs4 and its primitives: the frame cipher (and the route report), the DRBG, the keys,
-# and the accelerator's route chooser they share.
+# and the accelerator's route chooser they share (which obfs2 and obfs3 use for AES-CTR),
+# with its libcrypto and pure-Python routes.
 LEAF_ALLOWED = {("obfs4", "obfs4_crypto"), ("obfs4", "obfs4_drbg"), ("obfs4", "curve25519"),
                 ("obfs4_crypto", "accel"), ("obfs4_crypto", "obfs4_drbg"), ("obfs4_crypto", "curve25519"),
-                ("curve25519", "accel")}
+                ("curve25519", "accel"), ("obfs2", "accel"), ("obfs3", "accel"), ("obfs4_drbg", "accel"),
+                ("accel", "libcrypto"), ("accel", "pure_aes"), ("obfs4_crypto", "pure_salsa20")}
 STDLIB_ONLY = ("relay", "webtunnel")
 STDLIB = getattr(sys, "stdlib_module_names", None)
 

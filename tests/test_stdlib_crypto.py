@@ -1,0 +1,345 @@
+"""The crypto routes that need no package (issue 24): libcrypto through ctypes
+(libcrypto.py), pure-Python AES-CTR (pure_aes.py), pure-Python Salsa20 with blocks side
+by side (pure_salsa20.py), the streaming-SipHash DRBG, and the AES-CTR route table
+with its ``AES.new`` shim (accel.py).
+
+Every route is proven here on published answers, each test parametrised over every
+route this machine has (a route whose library is missing is skipped, and fails in CI,
+which has them all). The sources of the answers:
+
+* AES: FIPS-197 appendix C.1-C.3 (one block each, AES-128/192/256), and NIST SP 800-38A
+  appendix F.5.1, F.5.3, F.5.5 (CTR-AES128/192/256.Encrypt), copied into accel.py;
+* Salsa20: the eSTREAM Salsa20/20 verified test vectors (256-bit key, Set 1, vector 0,
+  stream[0..63]), and the shared obfs4-primitives.json "xsalsa20" keystream;
+* Poly1305, X25519, SipHash-2-4: obfs4-primitives.json (RFC 8439 2.5.2 and NaCl's
+  onetimeauth.c; RFC 7748 5.2 and 6.1; the SipHash reference vectors.h);
+* the hash DRBG: obfs4-drbg-probdist.json.
+"""
+
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+from support import IN_CI, ROOT, load_vectors
+
+import accel
+import libcrypto
+import obfs4_crypto as c
+import obfs4_drbg
+import pure_aes
+import pure_salsa20
+
+PRIMITIVES = load_vectors("obfs4-primitives.json")
+DRBG = load_vectors("obfs4-drbg-probdist.json")
+h = bytes.fromhex
+
+
+def need(present, what):
+    """Skip a test whose route is missing; in CI, fail it (CI has OpenSSL 3 and ctypes)."""
+    if present:
+        return
+    if IN_CI:
+        pytest.fail("%s is missing, but CI has it" % what)
+    pytest.skip("%s is not available here" % what)
+
+
+def _bindings():
+    lib, why = libcrypto.find()
+    return libcrypto.Bindings(lib) if lib else None
+
+
+BINDINGS = _bindings()
+
+
+def _from_bindings(make):
+    return getattr(libcrypto, make)(BINDINGS) if BINDINGS else None
+
+
+LIB_AES_CTR = _from_bindings("make_aes_ctr")
+LIB_X25519 = _from_bindings("make_x25519")
+LIB_POLY1305 = _from_bindings("make_poly1305")
+LIB_SIPHASH = _from_bindings("make_siphash_stream")
+
+
+# --- AES -------------------------------------------------------------------------------
+
+FIPS_197_PLAINTEXT = h("00112233445566778899aabbccddeeff")
+FIPS_197 = [("000102030405060708090a0b0c0d0e0f", "69c4e0d86a7b0430d8cdb78070b4c55a"),
+            ("000102030405060708090a0b0c0d0e0f1011121314151617", "dda97ca4864cdfe06eaf70a0ec0d7191"),
+            ("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+             "8ea2b7ca516745bfeafc49904b496089")]
+
+
+@pytest.mark.parametrize("key, ciphertext", FIPS_197)
+def test_pure_aes_block_fips_197(key, ciphertext):
+    assert pure_aes.encrypt_block(pure_aes.expand_key(h(key)), FIPS_197_PLAINTEXT) == h(ciphertext)
+
+
+def test_the_carry_answer_is_fips_197_aes_of_the_counter_blocks():
+    """accel's last AES-CTR answer (a counter block carrying across its low 64 bits) is
+    derived here from the FIPS-197-proven block function, block by block."""
+    key, counter, plaintext, ciphertext = accel.AES_CTR_ANSWERS[-1]
+    keys, start = pure_aes.expand_key(key), int.from_bytes(counter, "big")
+    stream = b"".join(pure_aes.encrypt_block(keys, (start + i).to_bytes(16, "big")) for i in range(3))
+    assert bytes(a ^ b for a, b in zip(plaintext, stream)) == ciphertext
+    assert start & (2 ** 64 - 1) == 2 ** 64 - 1        # it does carry into the high half
+
+
+AES_CTR_ROUTES = [("libcrypto", LIB_AES_CTR), ("pycryptodome", accel._aes_ctr_pycryptodome
+                                                if accel._PycryptodomeAES else None),
+                  ("pure Python", pure_aes.AesCtr)]
+
+
+@pytest.fixture(params=[name for name, _ in AES_CTR_ROUTES])
+def aes_ctr(request):
+    route = dict(AES_CTR_ROUTES)[request.param]
+    if request.param == "pycryptodome" and accel.MODE == "stdlib":
+        pytest.skip("pycryptodome is ignored here (OBFSPROXY_CRYPTO=stdlib)")
+    need(route is not None, "the %s AES-CTR" % request.param)
+    return route
+
+
+def test_aes_ctr_routes_give_nist_sp800_38a(aes_ctr):
+    assert accel.aes_ctr_proven(aes_ctr)
+    for key, counter, plaintext, ciphertext in accel.AES_CTR_ANSWERS:
+        assert aes_ctr(key, counter).encrypt(plaintext) == ciphertext
+        assert aes_ctr(key, counter).decrypt(ciphertext) == plaintext
+
+
+def test_aes_ctr_routes_agree_on_any_split_and_buffer(aes_ctr):
+    key, counter = os.urandom(16), b"\xff" * 12 + os.urandom(4)
+    data = os.urandom(3000)
+    want = pure_aes.AesCtr(key, counter).encrypt(data)
+    cipher, got = aes_ctr(key, counter), []
+    for start, end in ((0, 1), (1, 17), (17, 1000), (1000, 1000), (1000, 3000)):
+        got.append(cipher.encrypt(memoryview(data)[start:end]))
+    assert b"".join(got) == want
+    buffer = bytearray(data)
+    view = memoryview(buffer)
+    cipher = aes_ctr(key, counter)
+    assert cipher.encrypt(view[:100], output=view[:100]) is None
+    assert cipher.encrypt(view[100:], output=view[100:]) is None
+    assert buffer == want
+    with pytest.raises(ValueError):
+        aes_ctr(key, counter).encrypt(b"abc", output=bytearray(2))
+
+
+def test_the_aes_shim_runs_ctr_on_the_chosen_route():
+    key, counter = os.urandom(16), os.urandom(16)
+    cipher = accel.AES.new(key, accel.AES.MODE_CTR, nonce=b"", initial_value=counter)
+    assert type(cipher) is type(accel.aes_ctr(key, counter))
+    assert cipher.encrypt(bytes(40)) == pure_aes.AesCtr(key, counter).encrypt(bytes(40))
+    by_int = accel.AES.new(key, accel.AES.MODE_CTR, nonce=b"", initial_value=5)
+    five = (5).to_bytes(16, "big")
+    assert by_int.encrypt(bytes(16)) == pure_aes.encrypt_block(pure_aes.expand_key(key), five)
+    if accel._PycryptodomeAES is None:
+        with pytest.raises(ValueError, match="needs pycryptodome"):
+            accel.AES.new(key, accel.AES.MODE_ECB)
+
+
+def test_a_wrong_aes_ctr_route_is_passed_over(monkeypatch):
+    class Wrong:
+        def __init__(self, key, counter):
+            self.real = pure_aes.AesCtr(key, counter[:15] + bytes([counter[15] ^ 1]))
+            self.encrypt = self.decrypt = self.real.encrypt
+    monkeypatch.setattr(accel, "LibAesCtr", Wrong)
+    monkeypatch.setattr(accel, "_PycryptodomeAES", None)
+    assert accel._aes_ctr_route() == (pure_aes.AesCtr, "pure Python", ["libcrypto EVP_EncryptUpdate"])
+
+
+def test_the_chosen_aes_ctr_route_is_the_fastest_here():
+    if LIB_AES_CTR is not None:
+        assert accel.AES_CTR_ROUTE == "libcrypto EVP_EncryptUpdate"
+    assert accel.PASSED_OVER["AES-CTR"] == []
+
+
+# --- Salsa20 ---------------------------------------------------------------------------
+
+ESTREAM_SET1_V0 = (b"\x80" + bytes(31), bytes(8), h(
+    "e3be8fdd8beca2e3ea8ef9475b29a6e7003951e1097a5c38d23b7a5fad9f6844"
+    "b22c97559e2723c7cbbd3fe4fc8d9a0744652a83e72a9c461876af4d7ef1a117"))
+
+SALSA20_ROUTES = [pure_salsa20.salsa20_xor, pure_salsa20.salsa20_xor_one_block_at_a_time,
+                  lambda key, nonce, data: pure_salsa20.salsa20_xor_many(key, [(nonce, data)])[0]]
+
+
+@pytest.mark.parametrize("salsa20_xor", SALSA20_ROUTES, ids=["side by side", "one block at a time", "many"])
+def test_pure_salsa20_known_answers(salsa20_xor):
+    key, nonce, stream = ESTREAM_SET1_V0
+    assert salsa20_xor(key, nonce, bytes(64)) == stream
+    assert salsa20_xor(key, nonce, bytes(30)) == stream[:30]
+    assert accel.gives(salsa20_xor, c._SALSA20_ANSWERS)
+    v = PRIMITIVES["xsalsa20"]["cases"][0]
+    subkey = c._hsalsa20_pure(h(v["key"]), h(v["nonce"])[:16])
+    assert salsa20_xor(subkey, h(v["nonce"])[16:], bytes(160)) == h(v["keystream_first_160"])
+
+
+def test_pure_salsa20_many_messages_match_one_at_a_time():
+    key = os.urandom(32)
+    messages = [(os.urandom(8), os.urandom(size)) for size in (0, 1, 63, 64, 65, 1462, 200)]
+    assert pure_salsa20.salsa20_xor_many(key, messages) == [
+        pure_salsa20.salsa20_xor_one_block_at_a_time(key, nonce, data) for nonce, data in messages]
+    assert pure_salsa20.salsa20_xor_many(key, []) == []
+
+
+def test_pure_salsa20_refuses_wrong_lengths():
+    for key, nonce in ((bytes(31), bytes(8)), (bytes(32), bytes(7))):
+        with pytest.raises(ValueError):
+            pure_salsa20.salsa20_xor(key, nonce, b"x")
+
+
+def test_the_batched_seal_equals_one_frame_at_a_time(monkeypatch):
+    """The portable secretbox on pure Salsa20 seals a write's frames side by side,
+    across several batches; each box must be what ``seal`` gives alone, and open."""
+    monkeypatch.setattr(c, "_salsa20_xor", pure_salsa20.salsa20_xor)
+    box = c._PortableSecretBox(os.urandom(32), os.urandom(16))
+    monkeypatch.setattr(box, "BATCH_BLOCKS", 50)
+    packets = [os.urandom(size) for size in (1430, 0, 5, 1430, 700, 1430, 1430)]
+    sealed = box.seal_packets(2 ** 64 - 7, packets)
+    assert sealed == [box.seal(2 ** 64 - 7 + i, packet) for i, packet in enumerate(packets)]
+    assert [box.open(2 ** 64 - 7 + i, b) for i, b in enumerate(sealed)] == packets
+    with pytest.raises(ValueError, match="64 bits"):
+        box.seal_packets(2 ** 64 - 6, packets)
+
+
+# --- Poly1305, X25519 through libcrypto -------------------------------------------------
+
+@pytest.mark.parametrize("v", PRIMITIVES["poly1305"]["cases"])
+def test_libcrypto_poly1305(v):
+    need(LIB_POLY1305 is not None, "libcrypto's EVP_Q_mac (OpenSSL 3)")
+    assert LIB_POLY1305(h(v["key"]), h(v["msg"])) == h(v["tag"])
+    assert LIB_POLY1305(h(v["key"]), memoryview(h(v["msg"]))) == h(v["tag"])
+    assert accel.gives(LIB_POLY1305, c._POLY1305_ANSWERS)
+    with pytest.raises(ValueError):
+        LIB_POLY1305(bytes(31), b"x")
+
+
+@pytest.mark.parametrize("v", PRIMITIVES["x25519"]["cases"])
+def test_libcrypto_x25519(v):
+    need(LIB_X25519 is not None, "libcrypto's X25519")
+    assert LIB_X25519(h(v["scalar"]), h(v["u"])) == h(v["out"])
+
+
+def test_libcrypto_x25519_low_order_and_lengths():
+    need(LIB_X25519 is not None, "libcrypto's X25519")
+    import curve25519
+    assert accel.gives(LIB_X25519, curve25519._X25519_ANSWERS)
+    assert LIB_X25519(os.urandom(32), bytes(32)) == bytes(32)
+    with pytest.raises(ValueError):
+        LIB_X25519(bytes(31), bytes(32))
+
+
+# --- SipHash and the hash DRBG ---------------------------------------------------------
+
+def test_libcrypto_siphash_stream_reference_vectors():
+    need(LIB_SIPHASH is not None, "libcrypto's EVP_MAC SipHash (OpenSSL 3)")
+    v = PRIMITIVES["siphash24"]
+    stream = LIB_SIPHASH(h(v["key"]))
+    for length, digest in enumerate(v["digests_by_length"]):
+        assert stream.digest() == h(digest)            # the stream so far: 00 01 .. (length-1)
+        stream.update(bytes([length]))
+    with pytest.raises(ValueError):
+        LIB_SIPHASH(bytes(15))
+
+
+DRBG_ROUTES = ["pure Python", "libcrypto"]
+
+
+@pytest.fixture(params=DRBG_ROUTES)
+def drbg(request):
+    if request.param == "libcrypto":
+        need(accel.LibSipHashStream is not None, "libcrypto's EVP_MAC SipHash (OpenSSL 3)")
+        return obfs4_drbg._LibcryptoHashDrbg
+    return obfs4_drbg._PureHashDrbg
+
+
+def test_drbg_routes_give_the_vectors(drbg):
+    assert obfs4_drbg.drbg_proven(drbg)
+    v = DRBG["hash_drbg_blocks"]
+    one = drbg(h(v["seed"]))
+    assert [one.next_block().hex() for _ in v["blocks"]] == v["blocks"]
+    for case in DRBG["hash_drbg_go_compat"]["cases"]:
+        source = drbg(h(case["seed"]))
+        assert [source.int63() for _ in case["int63_first3"]] == case["int63_first3"]
+
+
+def test_drbg_routes_agree_far_into_the_stream(drbg):
+    seed = os.urandom(24)
+    ours, pure = drbg(seed), obfs4_drbg._PureHashDrbg(seed)
+    assert ours.masks(1000) == pure.masks(1000)
+    assert ours.blocks(37) == pure.blocks(37)
+    assert ours.mask16() == pure.mask16()
+
+
+def test_a_wrong_drbg_route_is_passed_over(monkeypatch):
+    class Wrong(obfs4_drbg._PureHashDrbg):
+        def blocks(self, count):
+            return [block ^ 1 for block in obfs4_drbg._PureHashDrbg.blocks(self, count)]
+    monkeypatch.setattr(obfs4_drbg, "_LibcryptoHashDrbg", Wrong)
+    monkeypatch.setattr(accel, "LibSipHashStream", object())
+    assert obfs4_drbg._drbg_route() == (obfs4_drbg._PureHashDrbg, "pure Python",
+                                        ["libcrypto EVP_MAC SipHash"])
+
+
+# --- native objects are freed -----------------------------------------------------------
+
+def test_every_native_context_is_freed():
+    """Contexts live with their Python objects and go with them: make many, drop them,
+    and the count of live native contexts is back where it was."""
+    need(LIB_AES_CTR is not None and LIB_SIPHASH is not None, "libcrypto (OpenSSL 3)")
+    gc.collect()
+    before = libcrypto.live_objects()
+    ciphers = [LIB_AES_CTR(os.urandom(16), os.urandom(16)) for _ in range(200)]
+    streams = [LIB_SIPHASH(os.urandom(16)) for _ in range(200)]
+    for stream in streams:
+        stream.blocks(bytes(8), 3)
+    assert libcrypto.live_objects() == before + 400
+    del ciphers, streams, stream
+    gc.collect()
+    assert libcrypto.live_objects() == before
+    with pytest.raises(ValueError):
+        LIB_AES_CTR(bytes(15), bytes(16))      # refused before anything is made
+    assert libcrypto.live_objects() == before
+
+
+def test_one_shot_calls_do_not_grow_the_process():
+    """X25519 and Poly1305 free what they make on every path (success, a refused
+    low-order point): many thousands of calls leave the resident size flat."""
+    need(LIB_X25519 is not None and LIB_POLY1305 is not None, "libcrypto (OpenSSL 3)")
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("needs /proc/self/statm")
+
+    def resident_pages():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1])
+
+    def work(n):
+        for _ in range(n):
+            LIB_X25519(os.urandom(32), os.urandom(32))
+            LIB_X25519(os.urandom(32), bytes(32))
+            LIB_POLY1305(os.urandom(32), bytes(1500))
+    work(2000)                                  # let allocators reach their steady state
+    start = resident_pages()
+    work(8000)
+    # a leak of even one 32-byte key per call would be 8000 * 3 * ~100 bytes = 2.4 MB
+    assert resident_pages() - start < 1000 * 1024 // os.sysconf("SC_PAGE_SIZE")
+
+
+# --- the routes Python alone runs --------------------------------------------------------
+
+def test_python_alone_imports_the_transports(tmp_path):
+    """``python3 -I -S``: no site-packages at all, so no pycryptodome, PyNaCl nor
+    docopt; the transports import and report their routes."""
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import obfs2, obfs3, obfs4, webtunnel, accel, obfs4_crypto\n"
+            "print(obfs4_crypto.route_report())\n"
+            "print(accel.AES_CTR_ROUTE)\n" % str(ROOT))
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report, aes = result.stdout.splitlines()
+    assert "PyNaCl" not in report.split("PyNaCl not used")[0] and "pycryptodome Salsa20" not in report
+    assert "Salsa20: pure Python" in report
+    assert aes in ("libcrypto EVP_EncryptUpdate", "pure Python")
