@@ -140,17 +140,18 @@ class LineReader:
 class Program:
     """``obfsproxy.py <args>`` running, with its bound address read from its log."""
 
-    def __init__(self, *args, env=None, interpreter=None, script=None):
+    def __init__(self, *args, env=None, interpreter=None, script=None, cwd=None):
         """``interpreter``: the command that runs the program, before its path
         (default: this Python); ``script``: the program (default: this checkout's).
-        Neither given: the program under test (``UNDER_TEST``)."""
+        Neither given: the program under test (``UNDER_TEST``). ``cwd``: where it
+        runs (default: the checkout, or UNDER_TEST's folder)."""
         if interpreter is None and script is None:
-            self.args, cwd = [*UNDER_TEST, *args], UNDER_TEST_CWD
+            self.args, where = [*UNDER_TEST, *args], UNDER_TEST_CWD
         else:
-            self.args, cwd = [*(interpreter or [sys.executable]), script or PROGRAM, *args], str(ROOT)
+            self.args, where = [*(interpreter or [sys.executable]), script or PROGRAM, *args], str(ROOT)
         self.process = subprocess.Popen(
             self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+            stderr=subprocess.PIPE, text=True, env=env, cwd=str(cwd or where))
         self.log = LineReader(self.process.stderr)
         try:
             match = self.log.wait_for(LISTENING.pattern)
