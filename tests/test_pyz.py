@@ -22,6 +22,7 @@ from fake_tor import ManagedPT, client_env
 from peers import Background, Destination, hashing_echo, read_hashing, send_and_shut
 from support import ROOT, Program, fmt, socks5_connect
 
+import demo_webtunnel
 import obfs2
 import transports
 
@@ -168,3 +169,36 @@ def test_the_archive_needs_no_checkout(pyz, tmp_path):
     done = run_pyz(alone, alone.parent, "--version")
     assert done.returncode == 0 and done.stdout.startswith("obfsproxy.py "), done
     assert Path(ROOT).resolve() not in Path(alone).resolve().parents
+
+
+# --- What the webtunnel demo does without a package ------------------------------------
+
+def test_the_demos_ed25519_signs_as_rfc_8032_says():
+    """RFC 8032 7.1, TEST 2 (one-byte message): the public key and the signature."""
+    key = demo_webtunnel.Ed25519Key(bytes.fromhex(
+        "4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb"))
+    assert key.public.hex() == "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c"
+    assert key.sign(bytes.fromhex("72")).hex() == (
+        "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da"
+        "085ac1e43e15996e458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00")
+
+
+@pytest.mark.parametrize("key_length", [16, 32])
+def test_the_demos_gcm_opens_what_pycryptodome_seals(key_length):
+    """gcm_open (the AES-CTR route and a plain-Python GHASH) against pycryptodome's
+    AES-GCM, which the demo uses where it is installed: the same plaintext, and None
+    for any flipped bit of the record or its header."""
+    cipher = demo_webtunnel._CIPHER
+    if cipher is None:
+        pytest.skip("pycryptodome is not installed: nothing to compare with")
+    key, nonce, header = os.urandom(key_length), os.urandom(12), bytes.fromhex("1703030123")
+    for size in (0, 1, 15, 16, 17, 1000):
+        plaintext = os.urandom(size)
+        sealer = cipher.AES.new(key, cipher.AES.MODE_GCM, nonce=nonce)
+        sealer.update(header)
+        body = b"".join(sealer.encrypt_and_digest(plaintext))
+        assert demo_webtunnel.gcm_open(key, nonce, header, body) == plaintext
+        flipped = bytearray(body)
+        flipped[size // 2] ^= 1
+        assert demo_webtunnel.gcm_open(key, nonce, header, bytes(flipped)) is None
+        assert demo_webtunnel.gcm_open(key, nonce, b"\x18" + header[1:], body) is None
