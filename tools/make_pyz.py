@@ -129,6 +129,7 @@ def build(out, root=ROOT):
     for name in [name for name in contents if name.endswith(".py")]:
         contents[name[:-3] + ".pyc"] = bytecode(contents[name], name)
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     with partial.open("wb") as handle:
         handle.write(SHEBANG)
