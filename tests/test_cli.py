@@ -788,7 +788,8 @@ def test_classic_docopt_parses_the_usage_as_docopt_ng_does():
         if support.IN_CI:
             pytest.fail("CI must install python3-docopt (.ci/run)")
         pytest.skip("%s has no docopt 0.6.2 (apt-get install python3-docopt)" % CLASSIC_DOCOPT)
-    assert not docopt.__version__.startswith("0.6"), "this test compares docopt-ng with the classic"
+    if docopt.__version__.startswith("0.6"):
+        pytest.skip("this Python's docopt is the classic one: the run under docopt-ng compares them")
     cases = json.dumps([obfsproxy.USAGE, PARSE_CASES])
     done = subprocess.run([CLASSIC_DOCOPT, "-I", "-c", PARSE], input=cases,
                           capture_output=True, text=True, timeout=30)
