@@ -85,31 +85,70 @@ import signal
 import sys
 from pathlib import Path
 
-try:
-    from Crypto.Cipher import AES  # noqa: F401  (pycryptodome: checked here, used by the transports)
-    from docopt import DocoptExit, docopt
-except ImportError as _missing:
-    if getattr(_missing, "name", None) not in ("docopt", "Crypto", "Crypto.Cipher"):
-        raise  # an ImportError inside our own code is a bug, not a missing dependency
-    _text = ("missing dependency (%s): this Python (%s) does not have the packages of "
-             "requirements.txt. Set up with: python3 -m venv .venv && .venv/bin/pip install -r "
-             "requirements.txt, then run .venv/bin/python3 obfsproxy.py (offline machines: see the "
-             "README's 'Offline machines')." % (_missing, sys.executable))
+# Our modules sit beside this file; Python 3.11's `-I` (which implies -P) leaves that
+# folder off sys.path, and `python3 -I -S obfsproxy.py` must still find them.
+if os.path.dirname(os.path.abspath(__file__)) not in map(os.path.abspath, sys.path):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import accel  # noqa: E402  (found through the path above)
+
+__version__ = "0.3.0"
+COMMANDS = ("client", "server", "demo", "managed", "unmask", "detect")
+# Answered by main() before docopt is needed: they work where nothing is installed.
+HELP_WORDS = ("-h", "--help")
+VERSION_WORD = "--version"
+
+
+def missing_dependency(missing):
+    """A package this Python lacks: one line that names the three ways to run (the
+    README's 'Three ways to run'), and this checkout's .venv when there is one; for
+    Tor (managed mode, which reads only our stdout) an ENV-ERROR with the torrc line."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    venv = os.path.join(here, ".venv", "bin", "python3")
+    has_venv = os.path.exists(venv)
+    text = ("missing dependency (%s): this Python (%s) lacks a package obfsproxy.py needs. "
+            % (missing, sys.executable))
+    if has_venv:
+        text += "This checkout has a virtual environment: run %s obfsproxy.py. " % venv
+    text += ("Three ways to run (see the README's 'Three ways to run'): a virtual environment "
+             "(python3 -m venv .venv && .venv/bin/pip install -r requirements.txt, then "
+             ".venv/bin/python3 obfsproxy.py); Debian's packages (apt-get install "
+             "python3-pycryptodome python3-docopt, then /usr/bin/python3 obfsproxy.py); or "
+             "nothing installed (python3 tools/make_pyz.py where the packages are, then "
+             "python3 -I -S obfsproxy.pyz).")
     if any(word in ("managed", "--managed") for word in sys.argv[1:]):
         # Tor reads only our stdout: say it there, in pt-spec's words, with the
         # torrc line to write (this checkout's paths; only safe characters of
         # Tor's variables, which must not start a line of their own).
-        _here = os.path.dirname(os.path.abspath(__file__))
-        _venv = os.path.join(_here, ".venv", "bin", "python3")
-        _server = os.environ.get("TOR_PT_SERVER_TRANSPORTS")
-        _names = re.sub(r"[^\w,]", "", _server or os.environ.get("TOR_PT_CLIENT_TRANSPORTS") or "") or "obfs4"
+        server = os.environ.get("TOR_PT_SERVER_TRANSPORTS")
+        names = re.sub(r"[^\w,]", "", server or os.environ.get("TOR_PT_CLIENT_TRANSPORTS") or "") or "obfs4"
         print("ENV-ERROR %s In the torrc, name the Python that has them: %sTransportPlugin %s exec %s %s "
-              "managed" % (_text, "Server" if _server else "Client", _names,
-                           _venv if os.path.exists(_venv) else "/path/to/.venv/bin/python3",
-                           os.path.join(_here, "obfsproxy.py")), flush=True)
-    sys.exit("obfsproxy.py: " + _text)
+              "managed" % (text, "Server" if server else "Client", names,
+                           venv if has_venv else "/path/to/.venv/bin/python3",
+                           os.path.join(here, "obfsproxy.py")), flush=True)
+    sys.exit("obfsproxy.py: " + text)
 
-import accel
+
+def is_ours(missing):
+    """True when the module that failed to import is one of this tool's own files:
+    an ImportError there is a bug (or a broken copy), not a missing package."""
+    name = (getattr(missing, "name", None) or "").split(".")[0]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return bool(name) and (name in sys.modules or os.path.exists(os.path.join(here, name + ".py"))
+                           or os.path.isdir(os.path.join(here, name)))
+
+
+try:
+    # docopt-ng, or classic docopt 0.6.2 (Debian's python3-docopt): both parse USAGE
+    # alike, and what differs between them (--help, --version, their usage errors) is
+    # done here, not by docopt.
+    from docopt import DocoptExit, docopt
+except ImportError as _missing:
+    if getattr(_missing, "name", None) != "docopt":
+        raise  # an ImportError inside docopt itself is not a missing docopt
+    if not any(word in HELP_WORDS + (VERSION_WORD,) for word in sys.argv[1:]):
+        missing_dependency(_missing)
+    DocoptExit = docopt = None     # main() answers --help and --version without it
 
 try:   # importing the transports proves each crypto route by its known answers
     import listener
@@ -118,6 +157,10 @@ try:   # importing the transports proves each crypto route by its known answers
     import proxy
     import socks
     import transports
+except ImportError as _missing:
+    if is_ours(_missing):
+        raise
+    missing_dependency(_missing)
 except accel.KnownAnswerError as _wrong:
     # A primitive with no fallback gave a wrong answer: refuse to run it, and say so
     # where the user (or Tor) will read it.
@@ -125,8 +168,6 @@ except accel.KnownAnswerError as _wrong:
         print("ENV-ERROR %s" % _wrong, flush=True)
     sys.exit("obfsproxy.py: %s" % _wrong)
 
-__version__ = "0.3.0"
-COMMANDS = ("client", "server", "demo", "managed", "unmask", "detect")
 log = proxy.log
 USAGE = __doc__.replace("TRANSPORT_NAMES", ", ".join(transports.TRANSPORTS))
 DEFAULT_TRANSPORT = "obfs4"   # the only one probe-resistant and unreadable by an observer
@@ -465,11 +506,16 @@ def main(argv=None):
     # like any Unix tool; serving modes set SIGPIPE back to "ignore" below.
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    if any(word in ("-h", "--help") for word in argv) and argv[:1] and argv[0] in COMMANDS:
-        print(command_help(argv[0]), end="")
+    # --help and --version anywhere, as docopt would (help first): here, so that they
+    # need no docopt and say the same whichever docopt is installed.
+    if any(word in HELP_WORDS for word in argv):
+        print(command_help(argv[0]) if argv[0] in COMMANDS else USAGE.strip("\n") + "\n", end="")
+        return 0
+    if VERSION_WORD in argv:
+        print("obfsproxy.py " + __version__)
         return 0
     try:
-        args = docopt(USAGE, argv=argv, version="obfsproxy.py " + __version__)
+        args = docopt(USAGE, argv=argv)
     except DocoptExit:
         print("obfsproxy.py: %s. Run `obfsproxy.py --help` for the usage." % explain_usage(argv),
               file=sys.stderr)

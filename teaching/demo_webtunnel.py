@@ -4,15 +4,17 @@ JA4, every TLS record of both directions as a censor sees it and as the key log 
 it, the upgrade and the 101 inside, the raw stream after.
 
 webtunnel needs a certificate, and Python's ssl cannot make one: the demo makes a
-throwaway CA and a certificate for the URL's host with pycryptodome (already
-required), fresh keys each run in a temporary directory that goes when the demo ends.
-That works on every machine that runs the rest, ships no private key, and keeps TLS in
-the picture, which is what a censor sees of webtunnel. The server terminates TLS itself
-(tls-cert=, tls-key=) where a real bridge has nginx."""
+throwaway CA and a certificate for the URL's host itself (Ed25519, in plain Python: no
+package and no `openssl` command), fresh keys each run in a temporary directory that goes
+when the demo ends. That works on every machine that runs the rest, ships no private
+key, and keeps TLS in the picture, which is what a censor sees of webtunnel. The server
+terminates TLS itself (tls-cert=, tls-key=) where a real bridge has nginx."""
 
+import base64
 import dataclasses
 import hashlib
 import hmac
+import importlib
 import ipaddress
 import os
 import secrets
@@ -23,11 +25,7 @@ import time
 from typing import Optional
 from urllib.parse import urlsplit
 
-from Crypto.Cipher import AES, ChaCha20_Poly1305
-from Crypto.Hash import SHA256
-from Crypto.PublicKey import ECC
-from Crypto.Signature import DSS
-
+import curve25519
 import proxy
 import webtunnel
 from outbound import format_address, is_ip_literal
@@ -36,13 +34,17 @@ from teaching.demo_base import MESSAGE, Stage, application_bytes
 
 # --- webtunnel: the demo's certificate --------------------------------------------------------
 #
-# Python's ssl can use a certificate but not make one. The demo makes its own, with
-# pycryptodome (already required): a throwaway CA and a leaf for the URL's host, fresh
-# keys every run, kept in the demo's temporary directory only while it runs. No key is
-# shipped, and nothing depends on the `openssl` command. The DER below is RFC 5280's
-# Certificate, written out by hand: tag, length, contents.
+# Python's ssl can use a certificate but not make one. The demo makes its own: a throwaway
+# CA and a leaf for the URL's host, fresh keys every run, kept in the demo's temporary
+# directory only while it runs. No key is shipped, and nothing depends on a package or on
+# the `openssl` command: the keys are Ed25519 (RFC 8032), whose signature is a few lines
+# over the edwards25519 arithmetic curve25519.py already has for obfs4, and which OpenSSL
+# (1.1.1 and newer) accepts for TLS 1.2 and 1.3. The DER below is RFC 5280's Certificate,
+# written out by hand: tag, length, contents; RFC 8410 says how Ed25519 goes in it.
 
 SEQUENCE, SET = 0x30, 0x31
+ED25519 = "1.3.101.112"                     # id-Ed25519: the key's and the signature's algorithm
+ED25519_ORDER = (1 << 252) + 27742317777372353535851937790883648493      # L, the base point's order
 
 
 def der(tag, *contents):
@@ -76,32 +78,66 @@ def der_extension(oid, value, critical=False):
     return der(SEQUENCE, der_oid(oid), der(0x01, b"\xff") if critical else b"", der(0x04, value))
 
 
+def _times_base(scalar):
+    """scalar·B on edwards25519, encoded as RFC 8032 5.1.2 says (y, and x's parity on top)."""
+    x, y, z, _ = curve25519._ed_mul(curve25519._ED_BASE, scalar)
+    inverse = curve25519._inv(z)
+    return curve25519._ed_encode(x * inverse % curve25519.P, y * inverse % curve25519.P)
+
+
+class Ed25519Key:
+    """An Ed25519 private key from its 32-byte seed (RFC 8032 5.1.5, 5.1.6)."""
+
+    def __init__(self, seed):
+        digest = hashlib.sha512(seed).digest()
+        self.seed, self.scalar, self.prefix = seed, curve25519._clamp(digest[:32]), digest[32:]
+        self.public = _times_base(self.scalar)
+
+    def sign(self, message):
+        """R || S: r = H(prefix || M), R = r·B, k = H(R || A || M), S = r + k·s mod L."""
+        def number(*parts):
+            return int.from_bytes(hashlib.sha512(b"".join(parts)).digest(), "little") % ED25519_ORDER
+        r = number(self.prefix, message)
+        encoded_r = _times_base(r)
+        s = (r + number(encoded_r, self.public, message) * self.scalar) % ED25519_ORDER
+        return encoded_r + s.to_bytes(32, "little")
+
+    def public_key_info(self):
+        """SubjectPublicKeyInfo (RFC 8410 4): the algorithm, then the 32-byte key as a BIT STRING."""
+        return der(SEQUENCE, der(SEQUENCE, der_oid(ED25519)), der(0x03, b"\x00" + self.public))
+
+    def pem(self):
+        """The private key as OpenSSL reads it: PKCS #8 (RFC 8410 7), the seed in an OCTET STRING."""
+        body = der(SEQUENCE, der(0x02, b"\x00"), der(SEQUENCE, der_oid(ED25519)),
+                   der(0x04, der(0x04, self.seed)))
+        text = base64.b64encode(body).decode()
+        return "-----BEGIN PRIVATE KEY-----\n%s\n-----END PRIVATE KEY-----\n" % "\n".join(
+            textwrap.wrap(text, 64))
+
+
 def _key_id(key):
-    """RFC 5280 4.2.1.2's method 1: SHA-1 of the public key's point, uncompressed."""
-    point = key.pointQ
-    return hashlib.sha1(b"\x04" + int(point.x).to_bytes(32, "big")
-                        + int(point.y).to_bytes(32, "big")).digest()
+    """RFC 5280 4.2.1.2's method 1: SHA-1 of the subjectPublicKey's bits."""
+    return hashlib.sha1(key.public).digest()
 
 
 def _certificate(subject, key, issuer, issuer_key, extensions):
-    """An X.509 v3 certificate (DER), ECDSA with SHA-256, valid from an hour ago for a day."""
-    algorithm = der(SEQUENCE, der_oid("1.2.840.10045.4.3.2"))          # ecdsa-with-SHA256
+    """An X.509 v3 certificate (DER), signed with Ed25519, valid from an hour ago for a day."""
+    algorithm = der(SEQUENCE, der_oid(ED25519))
     now = time.time()
     validity = der(SEQUENCE, *(der(0x17, time.strftime("%y%m%d%H%M%SZ", time.gmtime(now + delta)).encode())
                                for delta in (-3600, 86400)))
     tbs = der(SEQUENCE, der(0xA0, der(0x02, b"\x02")),                 # version 3
               der(0x02, b"\x01" + os.urandom(8)), algorithm, der_name(issuer), validity,
-              der_name(subject), key.public_key().export_key(format="DER"),
+              der_name(subject), key.public_key_info(),
               der(0xA3, der(SEQUENCE, *extensions)))
-    signature = DSS.new(issuer_key, "fips-186-3", encoding="der").sign(SHA256.new(tbs))
-    return der(SEQUENCE, tbs, algorithm, der(0x03, b"\x00" + signature))
+    return der(SEQUENCE, tbs, algorithm, der(0x03, b"\x00" + issuer_key.sign(tbs)))
 
 
 def demo_certificates(host):
-    """(CA certificate, leaf certificate, leaf key) for ``host``, all new: the leaf
-    names the host in subjectAltName (a DNS name, or an IP address), with the
+    """(CA certificate, leaf certificate, leaf key in PEM) for ``host``, all new: the
+    leaf names the host in subjectAltName (a DNS name, or an IP address), with the
     extensions strict verifiers (Python 3.13's) ask for."""
-    ca_key, leaf_key = ECC.generate(curve="P-256"), ECC.generate(curve="P-256")
+    ca_key, leaf_key = Ed25519Key(os.urandom(32)), Ed25519Key(os.urandom(32))
     try:
         alt_name = der(0x87, ipaddress.ip_address(host).packed)       # iPAddress
     except ValueError:
@@ -117,7 +153,7 @@ def demo_certificates(host):
         der_extension("2.5.29.37", der(SEQUENCE, der_oid("1.3.6.1.5.5.7.3.1"))),  # serverAuth
         der_extension("2.5.29.14", der(0x04, _key_id(leaf_key))),
         der_extension("2.5.29.35", der(SEQUENCE, der(0x80, _key_id(ca_key))))])
-    return ca, leaf, leaf_key
+    return ca, leaf, leaf_key.pem()
 
 
 DEMO_CA = "obfsproxy.py demo CA (throwaway)"
@@ -161,7 +197,7 @@ class WebTunnelStage(Stage):
             self.ca, self.leaf, key = demo_certificates(parts.hostname)
             cert_file, key_file = directory / "demo-leaf.pem", directory / "demo-leaf.key"
             cert_file.write_text(ssl.DER_cert_to_PEM_cert(self.leaf))
-            key_file.write_text(key.export_key(format="PEM"))
+            key_file.write_text(key)
             self.server_options.update({"tls-cert": str(cert_file), "tls-key": str(key_file)})
 
     def client_side(self, settings, cls, server_config, announce, server_address):
@@ -228,14 +264,76 @@ def open_record(suite, keys, sequence, header, body):
     and optional zero padding."""
     key, iv = keys
     nonce = (int.from_bytes(iv, "big") ^ sequence).to_bytes(12, "big")
-    cipher = (ChaCha20_Poly1305.new(key=key, nonce=nonce) if suite == 0x1303
-              else AES.new(key, AES.MODE_GCM, nonce=nonce))
+    inner = aead_open(suite, key, nonce, header, body)
+    if inner is None:
+        return None
+    inner = inner.rstrip(b"\x00")
+    return (inner[-1], inner[:-1]) if inner else None
+
+
+# The records' AEAD: pycryptodome's (pip's Crypto, or Debian's Cryptodome) where it is
+# installed; without it, AES-GCM is built below from the transports' AES-CTR route
+# (libcrypto or pure Python) and a plain-Python GHASH, which is plenty for the demo's few
+# kilobytes. Two Pythons' OpenSSLs always agree on TLS_AES_256_GCM_SHA384 (both list it
+# first); ChaCha20-Poly1305 opens only with pycryptodome.
+def _pycryptodome_cipher():
+    for namespace in ("Crypto", "Cryptodome"):
+        try:
+            return importlib.import_module(namespace + ".Cipher")
+        except ImportError:
+            continue
+    return None
+
+
+_CIPHER = _pycryptodome_cipher()
+
+
+def aead_open(suite, key, nonce, header, body):
+    """The plaintext of ``body`` (ciphertext then a 16-byte tag), or None when the tag
+    fails or no route can open this suite."""
+    if _CIPHER is None:
+        return gcm_open(key, nonce, header, body) if suite != 0x1303 else None
+    cipher = (_CIPHER.ChaCha20_Poly1305.new(key=key, nonce=nonce) if suite == 0x1303
+              else _CIPHER.AES.new(key, _CIPHER.AES.MODE_GCM, nonce=nonce))
     cipher.update(header)
     try:
-        inner = cipher.decrypt_and_verify(body[:-16], body[-16:]).rstrip(b"\x00")
+        return cipher.decrypt_and_verify(body[:-16], body[-16:])
     except ValueError:
         return None
-    return (inner[-1], inner[:-1]) if inner else None
+
+
+def ghash(h, data):
+    """GHASH (NIST SP 800-38D 6.4) of ``data`` (a multiple of 16 bytes) under ``h``: each
+    block XORed in, then multiplied by H in GF(2^128), bits read from the left (6.3)."""
+    y = 0
+    for at in range(0, len(data), 16):
+        x, v, y = y ^ int.from_bytes(data[at:at + 16], "big"), h, 0
+        for bit in range(127, -1, -1):
+            if x >> bit & 1:
+                y ^= v
+            v = v >> 1 ^ (0xE1 << 120) if v & 1 else v >> 1
+    return y
+
+
+def gcm_open(key, nonce, header, body):
+    """AES-GCM decryption with a 12-byte nonce (SP 800-38D 7.2) over an AES-CTR route:
+    H = E(0^128), J0 = nonce || 1, the plaintext is CTR from J0 + 1, the tag
+    GHASH(A, C, their bit lengths) XOR E(J0). None when the tag differs."""
+    from accel import aes_ctr  # the transports' route: libcrypto, else pure Python
+    ciphertext, tag = body[:-16], body[-16:]
+    h = int.from_bytes(aes_ctr(key, bytes(16)).encrypt(bytes(16)), "big")
+    j0 = nonce + b"\x00\x00\x00\x01"
+    stream = aes_ctr(key, j0)
+    mask = stream.encrypt(bytes(16))
+
+    def padded(data):
+        return data + bytes(-len(data) % 16)
+    lengths = (8 * len(header)).to_bytes(8, "big") + (8 * len(ciphertext)).to_bytes(8, "big")
+    expected = (ghash(h, padded(header) + padded(ciphertext) + lengths)
+                ^ int.from_bytes(mask, "big")).to_bytes(16, "big")
+    if not hmac.compare_digest(expected, tag):
+        return None
+    return stream.encrypt(ciphertext)
 
 
 def key_log_secrets(text, client_random):
@@ -350,7 +448,7 @@ def bridge_line_section(walk, stage):
         print("  only the secret path to it, in plain HTTP. Here our server terminates TLS itself")
         print("  (tls-cert=, tls-key=) with a certificate for %s that the demo made a moment ago,"
               % config.servername)
-        print('  signed by "%s" (ECDSA P-256 keys from pycryptodome, valid' % DEMO_CA)
+        print('  signed by "%s" (Ed25519 keys made in plain Python, valid' % DEMO_CA)
         print("  for a day, deleted at exit). The demo's client trusts that CA instead of the system's")
         print("  roots; nothing else differs from a real client.")
     else:

@@ -19,10 +19,9 @@ import re
 import socket
 import struct
 import subprocess
-import sys
 import threading
 
-from support import PROGRAM, ROOT, EchoServer, LineReader, echo, recv_exact, socks5_request
+from support import ROOT, UNDER_TEST, UNDER_TEST_CWD, EchoServer, LineReader, echo, recv_exact, socks5_request
 
 import obfs2
 
@@ -126,9 +125,9 @@ class ManagedPT:
     def __init__(self, env, *args, command=None, stdin=subprocess.PIPE, wait=True,
                  mode="managed"):
         self.env = env
-        argv = command or [sys.executable, PROGRAM, mode, *args]
-        self.process = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, env=env, cwd=str(ROOT))
+        argv = command or [*UNDER_TEST, mode, *args]
+        self.process = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        env=env, cwd=UNDER_TEST_CWD if command is None else str(ROOT))
         self.stdout = _StdoutReader(self.process.stdout)
         self.stderr = LineReader(io.TextIOWrapper(self.process.stderr, encoding="utf-8",
                                                   errors="replace"))

@@ -9,6 +9,7 @@ import base64
 import os
 import queue
 import re
+import shlex
 import shutil
 import socket
 import struct
@@ -22,6 +23,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = str(ROOT / "obfsproxy.py")
+# The program the end-to-end tests run: this checkout's obfsproxy.py under this Python,
+# or $OBFSPROXY_UNDER_TEST, a command line such as "python3 -I -S /tmp/x/obfsproxy.pyz"
+# (tests/test_pyz.py, .ci/run), run from the folder of its last word: outside the checkout.
+UNDER_TEST = shlex.split(os.environ.get("OBFSPROXY_UNDER_TEST", "")) or [sys.executable, PROGRAM]
+UNDER_TEST_CWD = str(Path(UNDER_TEST[-1]).parent) if "OBFSPROXY_UNDER_TEST" in os.environ else str(ROOT)
 LISTENING = re.compile(r"listening on (\[[0-9a-f:.]+\]|[^ ]+):(\d+)")
 IN_CI = os.environ.get("CI") == "true"
 
@@ -134,13 +140,18 @@ class LineReader:
 class Program:
     """``obfsproxy.py <args>`` running, with its bound address read from its log."""
 
-    def __init__(self, *args, env=None, interpreter=None, script=PROGRAM):
+    def __init__(self, *args, env=None, interpreter=None, script=None, cwd=None):
         """``interpreter``: the command that runs the program, before its path
-        (default: this Python); ``script``: the program (default: this checkout's)."""
-        self.args = [*(interpreter or [sys.executable]), script, *args]
+        (default: this Python); ``script``: the program (default: this checkout's).
+        Neither given: the program under test (``UNDER_TEST``). ``cwd``: where it
+        runs (default: the checkout, or UNDER_TEST's folder)."""
+        if interpreter is None and script is None:
+            self.args, where = [*UNDER_TEST, *args], UNDER_TEST_CWD
+        else:
+            self.args, where = [*(interpreter or [sys.executable]), script or PROGRAM, *args], str(ROOT)
         self.process = subprocess.Popen(
             self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
+            stderr=subprocess.PIPE, text=True, env=env, cwd=str(cwd or where))
         self.log = LineReader(self.process.stderr)
         try:
             match = self.log.wait_for(LISTENING.pattern)

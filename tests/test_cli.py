@@ -15,6 +15,7 @@ their pipe goes away (``| head``).
 
 import functools
 import hashlib
+import json
 import os
 import re
 import signal
@@ -23,8 +24,10 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import support
 from fake_tor import ExtORPort, ManagedPT, client_env, write_cookie
 from peers import (
     Background,
@@ -679,16 +682,122 @@ def test_the_readme_starts_with_two_commands_that_run_as_root_without_sudo():
 
 
 def test_a_missing_dependency_says_how_to_set_up():
-    """D10: the README section the message names exists. By hand: one line on
-    stderr, exit 1, nothing on stdout."""
+    """D10, issue 24: one line on stderr, exit 1, nothing on stdout, naming the three
+    ways to run (each with its command) and the README section that has them."""
     done = without_dependencies("client", "127.0.0.1:0")
     assert done.returncode == 1 and done.stdout == "", done
     line, = done.stderr.splitlines()
     assert line.startswith("obfsproxy.py: missing dependency (No module named "), line
-    assert "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt" in line
+    for way in ("python3 -m venv .venv && .venv/bin/pip install -r requirements.txt",
+                "apt-get install python3-pycryptodome python3-docopt",
+                "python3 tools/make_pyz.py", "python3 -I -S obfsproxy.pyz"):
+        assert way in line, (way, line)
     heading = re.search(r"see the README's '([^']+)'", line).group(1)
     text = README.read_text(encoding="utf-8")     # a heading, or a paragraph's bold label
     assert re.search(r"^#+ %s$|\*\*%s:\*\*" % (re.escape(heading), re.escape(heading)), text, re.M), heading
+
+
+# Runs the program with docopt hidden (as if not installed), pycryptodome still there.
+WITHOUT_DOCOPT = ("import runpy, sys; sys.modules['docopt'] = None; sys.argv[0] = sys.argv[1]; "
+                  "del sys.argv[1]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def without_docopt(program, *args):
+    return subprocess.run([sys.executable, "-c", WITHOUT_DOCOPT, str(program), *args],
+                          cwd=str(Path(program).parent), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=30)
+
+
+HELP_REQUESTS = [["--help"], ["-h"], ["--version"], ["client", "127.0.0.1:0", "--version"]] + \
+    [[command, "--help"] for command in obfsproxy.COMMANDS]
+
+
+@pytest.mark.parametrize("args", HELP_REQUESTS, ids=" ".join)
+def test_help_and_version_need_no_docopt(args):
+    """Issue 24: --help, each command's help and --version answer the same, exit 0,
+    where docopt is not installed."""
+    expected = run_cli(*args)
+    done = without_docopt(PROGRAM, *args)
+    assert expected.returncode == 0 and expected.stdout, expected
+    assert (done.returncode, done.stdout, done.stderr) == (0, expected.stdout, ""), done
+
+
+@pytest.mark.parametrize("args", HELP_REQUESTS, ids=" ".join)
+def test_help_and_version_need_no_package_at_all(args):
+    """Issue 24: the same with no site-packages at all (-I -S): nothing installed, the
+    crypto on its no-package routes."""
+    expected = run_cli(*args)
+    done = without_dependencies(*args)
+    assert (done.returncode, done.stdout, done.stderr) == (0, expected.stdout, ""), done
+
+
+def test_a_missing_dependency_names_the_virtual_environment_beside_the_script(tmp_path):
+    """Issue 24: a copy of the tool with a .venv beside it (one the user made, then ran
+    the system's python3): the message says which Python to run instead."""
+    for path in ROOT.glob("*.py"):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    venv = tmp_path / ".venv" / "bin" / "python3"
+    venv.parent.mkdir(parents=True)
+    venv.write_text("")
+    done = without_docopt(tmp_path / "obfsproxy.py", "client", "127.0.0.1:0")
+    assert done.returncode == 1 and done.stdout == "", done
+    line, = done.stderr.splitlines()
+    assert line.startswith("obfsproxy.py: missing dependency (import of docopt halted"), line
+    assert "This checkout has a virtual environment: run %s obfsproxy.py." % venv in line, line
+    assert "This checkout has" not in without_docopt(PROGRAM, "client").stderr
+
+
+CLASSIC_DOCOPT = "/usr/bin/python3"    # Debian's, with python3-docopt (docopt 0.6.2)
+PARSE = ("import json, sys; from docopt import DocoptExit, docopt\n"
+         "usage, cases = json.load(sys.stdin)\n"
+         "def parse(argv):\n"
+         "    try:\n"
+         "        return sorted(dict(docopt(usage, argv=argv)).items())\n"
+         "    except DocoptExit:\n"
+         "        return 'usage error'\n"
+         "print(json.dumps([parse(argv) for argv in cases]))\n")
+PARSE_CASES = [line.split() for line in """\
+client
+client 127.0.0.1:0 --transport=obfs3
+client --transport obfs2 --iat-mode 1 127.0.0.1:0
+client --bridge=x 127.0.0.1:1
+client --dest=192.0.2.1:5
+server --dest=192.0.2.1:1 0.0.0.0:1 --state-dir=s --iat-mode=1 --no-safe-logging
+server 0.0.0.0:1
+demo --transport=webtunnel --transport-options=url=https://x/y
+managed --log-min-severity=info
+--managed
+unmask a b --full --output-dir=o --shared-secret-file=f --ss-hash-iterations=3
+detect
+detect c --shared-secret=s
+--bogus
+client --bogus
+client --trans=obfs2 x
+frob
+client a b""".splitlines()] + [[]]
+
+
+def test_classic_docopt_parses_the_usage_as_docopt_ng_does():
+    """Issue 24: Debian's python3-docopt is docopt 0.6.2, not docopt-ng. The same
+    command lines, parsed by both, give the same arguments and the same refusals
+    (--help and --version never reach docopt: main() answers them)."""
+    import docopt
+    classic = subprocess.run([CLASSIC_DOCOPT, "-I", "-c", "import docopt; print(docopt.__version__)"],
+                             capture_output=True, text=True) if Path(CLASSIC_DOCOPT).exists() else None
+    if classic is None or classic.stdout.strip() != "0.6.2":
+        if support.IN_CI:
+            pytest.fail("CI must install python3-docopt (.ci/run)")
+        pytest.skip("%s has no docopt 0.6.2 (apt-get install python3-docopt)" % CLASSIC_DOCOPT)
+    if docopt.__version__.startswith("0.6"):
+        pytest.skip("this Python's docopt is the classic one: the run under docopt-ng compares them")
+    cases = json.dumps([obfsproxy.USAGE, PARSE_CASES])
+    done = subprocess.run([CLASSIC_DOCOPT, "-I", "-c", PARSE], input=cases,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    ours = subprocess.run([sys.executable, "-c", PARSE], input=cases,
+                          capture_output=True, text=True, timeout=30)
+    assert json.loads(done.stdout) == json.loads(ours.stdout)
+    assert json.loads(ours.stdout).count("usage error") == 9
 
 
 @pytest.mark.parametrize("role", ["client", "server"])

@@ -643,7 +643,7 @@ def test_the_demo_certificate_verifies_strictly_and_only_for_its_host(tmp_path, 
     chain with X.509 strict checks (Python 3.13's default) for the host, and fails for another."""
     ca, leaf, key = demo_webtunnel.demo_certificates(host)
     (tmp_path / "leaf.pem").write_text(ssl.DER_cert_to_PEM_cert(leaf))
-    (tmp_path / "leaf.key").write_text(key.export_key(format="PEM"))
+    (tmp_path / "leaf.key").write_text(key)
     server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_context.load_cert_chain(str(tmp_path / "leaf.pem"), str(tmp_path / "leaf.key"))
     client_context = ssl.create_default_context(cadata=ca)
