@@ -827,3 +827,219 @@ def test_contract_attributes():
     assert WebTunnel.ProtocolError is webtunnel.ProtocolError
     config, _ = WebTunnel.server_config({"url": URL}, None)
     assert config.context is None and config.notes == ()
+
+
+# --- webtunnel-4's findings (issue 26) -------------------------------------------------
+
+BRIDGE_URL = "https://wt.test/bridge/k7Qm2Zx1c1b00b6"
+
+
+@pytest.mark.parametrize("url, path", [
+    (URL, "/k7Qm2Zx1c1b00b6"),                  # the README's (and upstream's) nginx block
+    (URL, "/"),                                 # location = /k7Qm... { proxy_pass http://H:P/; }
+    (URL, "/%6B7Qm2Zx1c1b00b6"),                # as nginx passes what a client escaped
+    (URL, "//k7Qm2Zx1c1b00b6"),
+    (URL, "/x/../k7Qm2Zx1c1b00b6"),
+    (BRIDGE_URL, "/bridge/k7Qm2Zx1c1b00b6"),
+    (BRIDGE_URL, "/k7Qm2Zx1c1b00b6"),           # location /bridge/ { proxy_pass http://H:P/; }
+    (BRIDGE_URL, "/"),
+])
+def test_server_serves_a_proxy_that_cuts_a_leading_part_of_the_path(url, path):
+    """Finding 3: the upstream server checks no path, so fronts that cut the path (a
+    trailing-slash proxy_pass, a prefix location, Apache's ProxyPass to ws://H:P/,
+    Caddy's handle_path) worked with it and got every client a 404 from ours."""
+    server = plain_server(url)
+    request = REQUEST.replace(b"/k7Qm2Zx1c1b00b6", path.encode())
+    assert server.receive(request + b"stream") == b"stream" and server.is_open
+    assert server.data_to_send() == SWITCHING
+
+
+@pytest.mark.parametrize("url, path", [
+    (URL, "/ws"),                               # a rewrite to another path
+    (URL, "/k7Qm2Zx1c1b00b6/x"),
+    (URL, "/k7Qm2Zx1c1b00b7"),
+    (BRIDGE_URL, "/other/k7Qm2Zx1c1b00b6"),
+    (BRIDGE_URL, "/bridge"),
+])
+def test_server_log_says_what_path_did_not_match_without_quoting_it(url, path):
+    error = refused(REQUEST.replace(b"/k7Qm2Zx1c1b00b6", path.encode()))
+    assert error.reply == NOT_FOUND
+    message = str(error)
+    assert "the path is not url='s" in message
+    assert "%d bytes in %d segment(s) arrived" % (len(path), len([p for p in path.split("/") if p]))
+    assert "k7Qm2Zx1c1b00b" not in message and path not in message   # url='s path is the secret
+
+
+@pytest.mark.parametrize("fields, why", [
+    (b"User-Agent: x\r\n", "no Host field"),
+    (b"Host: wt.test\r\nHost: other.test\r\n", "2 Host fields"),
+    (b"Host: wt.test\r\nContent-Length: 0\r\nContent-Length: 0\r\n", "2 Content-Length fields"),
+    (b"Host: wt.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+     "both Content-Length and Transfer-Encoding"),
+])
+def test_server_refuses_heads_rfc_9112_refuses(fields, why):
+    """Finding 8: nginx answers these 400; so do we (we used to answer 101)."""
+    request = (b"GET /k7Qm2Zx1c1b00b6 HTTP/1.1\r\n" + fields +
+               b"Connection: upgrade\r\nUpgrade: websocket\r\n\r\n")
+    for split in (whole, bytewise):
+        error = refused(request, split)
+        assert error.reply.startswith(BAD_REQUEST_HEAD)
+        assert str(error) == "a malformed request (%s): answered 400" % why
+
+
+def test_an_http_10_request_needs_no_host():
+    error = refused(b"GET /k7Qm2Zx1c1b00b6 HTTP/1.0\r\n\r\n")
+    assert error.reply == NOT_FOUND and "not GET HTTP/1.1" in str(error)
+
+
+def test_a_tls_client_hello_on_the_plain_port_says_so():
+    """newcomer-4 D4: nginx's proxy_pass https:// to our plain-HTTP port."""
+    client = WebTunnel(True, WebTunnel.client_config({"url": URL}))
+    error = refused(client.start())
+    assert error.reply.startswith(BAD_REQUEST_HEAD)
+    assert "the web server speaks https:// to this plain-HTTP port" in str(error)
+
+
+@pytest.mark.parametrize("shape", ["long first line", "long header"])
+def test_a_head_fed_one_byte_at_a_time_costs_linear_work(monkeypatch, shape):
+    """Finding 11: the head scan resumed where it stopped. Counted, not timed: the
+    bytes the two scanners are asked to look at, fed whole and a byte at a time."""
+    work = [0]
+    for name, where in (("first_line", 2), ("split_head", 1)):     # the start argument
+        real = getattr(webtunnel, name)
+
+        def counted(buffer, *args, real=real, where=where):
+            start = args[where - 1] if len(args) >= where else 0
+            work[0] += len(buffer) - start
+            return real(buffer, *args)
+        monkeypatch.setattr(webtunnel, name, counted)
+    if shape == "long first line":
+        head = REQUEST.replace(b"/k7Qm2Zx1c1b00b6", b"/k7Qm2Zx1c1b00b6?" + b"q" * 12000)
+    else:
+        head = REQUEST[:-2] + b"X-Filler: " + b"a" * 12000 + b"\r\n\r\n"
+    counts = []
+    for split in (whole, bytewise):
+        work[0] = 0
+        server = plain_server()
+        for piece in split(head):
+            server.receive(piece)
+        assert server.is_open
+        counts.append(work[0])
+    assert counts[1] <= 4 * len(head), (counts, len(head))     # quadratic: ~len(head)**2 / 2
+
+
+def test_a_head_is_read_the_same_whatever_the_split_after_the_resumed_scan():
+    head = REQUEST[:-2] + b"X-A: 1\r\n\r\nstream"
+    for split in (whole, bytewise, random_splits(3), random_splits(4)):
+        server = plain_server()
+        got = b"".join(server.receive(piece) for piece in split(head))
+        assert got == b"stream" and server.is_open
+
+
+def test_receive_eof_fails_a_tls_stream_cut_without_close_notify(ca):
+    """Finding 10: a FIN without close_notify is a cut, not an end."""
+    client, server = tls_pair(ca)
+    assert client.receive(server.send(b"data")) == b"data"
+    with pytest.raises(webtunnel.ProtocolError, match="without close_notify"):
+        client.receive_eof()
+    client, server = tls_pair(ca)
+    client.receive(server.send(b"data") + server.end())
+    assert client.peer_ended and client.receive_eof() is None     # a clean end
+    plain_client_side, _ = plain_configs()
+    assert WebTunnel(True, plain_client_side).receive_eof() is None   # no TLS: the FIN says it all
+
+
+def relay_over_sockets(ours):
+    """``ours`` (an open transport) in a Relay between two socket pairs; returns
+    (application end, wire end, pump, ends) where ``ends`` gets the relay's end."""
+    import queue
+    import socket
+    import relay
+    app, app_far = socket.socketpair()
+    wire, wire_far = socket.socketpair()
+    ends = queue.Queue()
+    pump = relay.Pump()
+    pump.add(relay.Relay(app_far, wire_far, ours), ends.put)
+    for sock in (app, wire):
+        sock.settimeout(20)
+    return app, wire, pump, ends, (app, app_far, wire, wire_far)
+
+
+def test_close_notify_without_fin_ends_the_direction_at_once(ca):
+    """Finding 6: the application saw EOF only with the FIN (5 s later in the report)."""
+    client, server = tls_pair(ca)
+    app, wire, pump, ends, sockets = relay_over_sockets(client)
+    try:
+        wire.sendall(server.send(b"last words") + server.end())      # no FIN after it
+        got = b""
+        while True:
+            piece = app.recv(65536)      # the socket's timeout fails the test, never a pass
+            if not piece:
+                break
+            got += piece
+        assert got == b"last words"
+        app.sendall(b"our direction still flows")
+        assert server.receive(wire.recv(65536)) == b"our direction still flows"
+    finally:
+        pump.stop(abort=True)
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_fin_without_close_notify_ends_the_relay_with_a_protocol_error(ca):
+    client, server = tls_pair(ca)
+    app, wire, pump, ends, sockets = relay_over_sockets(client)
+    try:
+        record = server.send(b"half a record")
+        wire.sendall(record[:len(record) // 2])
+        wire.shutdown(socket_module().SHUT_WR)
+        error = ends.get(timeout=20)
+        assert isinstance(error, webtunnel.ProtocolError) and "without close_notify" in str(error)
+    finally:
+        pump.stop(abort=True)
+        for sock in sockets:
+            sock.close()
+
+
+def socket_module():
+    import socket
+    return socket
+
+
+def test_unreadable_tls_files_name_the_option_and_the_user(ca, monkeypatch):
+    """newcomer-4 D7: 'Permission denied' alone, for two files. (The tests run as root
+    here, so the refusal is made by open() itself.)"""
+    real_open = open
+
+    def denying(path, *args, **kwargs):
+        if path == ca.key_file:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(webtunnel, "open", denying, raising=False)
+    with pytest.raises(OSError) as caught:
+        WebTunnel.server_config({"url": URL, "tls-cert": ca.cert_file, "tls-key": ca.key_file}, None)
+    message = str(caught.value)
+    assert message.startswith("tls-key=%s: the user this runs as (" % ca.key_file)
+    assert "cannot read it" in message and "tls-cert" not in message
+
+
+def test_url_errors_never_echo_the_url():
+    """review-4 finding 8: url= carries the secret path."""
+    for url in ("ftp://wt.test/SECRETPATH", "https://wt.test:port/SECRETPATH",
+                "https:///SECRETPATH", "https://wt.test x/SECRETPATH", "https://wt.test\\@evil/SECRETPATH"):
+        with pytest.raises(ValueError) as caught:
+            WebTunnel.client_config({"url": url})
+        assert "SECRETPATH" not in str(caught.value) and "url=" in str(caught.value), url
+    client = plain_client()
+    with pytest.raises(webtunnel.ProtocolError) as caught:
+        client.receive(b"HTTP/1.1 301 Moved\r\nLocation: https://wt.test/k7Qm2Zx1c1b00b6/\r\n\r\n")
+    assert "k7Qm2Zx1c1b00b6" not in str(caught.value)
+    assert "to https://, the same host, another path" in str(caught.value)
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1:\u0661\u0660\u0665\u0660", "127.0.0.1:\u00b2"])
+def test_addr_takes_ascii_digits_only_by_outbound_s_parser(addr):
+    """review-4 finding 9: isdigit() took other scripts' digits (port 1050) and '²'."""
+    with pytest.raises(ValueError) as caught:
+        WebTunnel.client_config({"url": URL, "addr": addr})
+    assert str(caught.value).startswith("addr= must be HOST:PORT") and "127.0.0.1" not in str(caught.value)
