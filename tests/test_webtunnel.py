@@ -13,17 +13,20 @@ Pairs run in memory, driven as the core drives a transport: ``start()``, then
 side of TLS, the other end is a bare ``ssl.SSLObject`` (``Raw``).
 """
 
+import queue
 import random
+import socket
 import ssl
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import PROGRAM, EchoServer, Program, echo_round_trip, fmt, socks5_connect
 
+import relay
 import webtunnel
 from webtunnel import WebTunnel
 
@@ -952,9 +955,6 @@ def test_receive_eof_fails_a_tls_stream_cut_without_close_notify(ca):
 def relay_over_sockets(ours):
     """``ours`` (an open transport) in a Relay between two socket pairs; returns
     (application end, wire end, pump, ends) where ``ends`` gets the relay's end."""
-    import queue
-    import socket
-    import relay
     app, app_far = socket.socketpair()
     wire, wire_far = socket.socketpair()
     ends = queue.Queue()
@@ -992,18 +992,13 @@ def test_a_fin_without_close_notify_ends_the_relay_with_a_protocol_error(ca):
     try:
         record = server.send(b"half a record")
         wire.sendall(record[:len(record) // 2])
-        wire.shutdown(socket_module().SHUT_WR)
+        wire.shutdown(socket.SHUT_WR)
         error = ends.get(timeout=20)
         assert isinstance(error, webtunnel.ProtocolError) and "without close_notify" in str(error)
     finally:
         pump.stop(abort=True)
         for sock in sockets:
             sock.close()
-
-
-def socket_module():
-    import socket
-    return socket
 
 
 def test_unreadable_tls_files_name_the_option_and_the_user(ca, monkeypatch):
