@@ -901,10 +901,12 @@ class WebTunnel:
         """The peer's FIN came, with nothing after it (the relay calls this at the end of
         the incoming direction). With TLS, a FIN that no close_notify came before is a
         stream cut short, perhaps in the middle of a record: a ProtocolError, so that the
-        application sees a failure (a reset), never a clean end of stream. A front that
-        ends its side cleanly whatever happened behind it (nginx after a bridge's reset:
-        close_notify, then FIN) cannot be told from a real end."""
-        if self._tls is not None and self.state == OPEN and not self.peer_ended:
+        application sees a failure (a reset), never a clean end of stream. Once our own
+        close_notify went out, a bare FIN is the peer's answer to it (TLS 1.2 lets it
+        discard what it still had to send; nginx closes so after our close_notify), not a
+        cut. A front that ends its side cleanly whatever happened behind it (close_notify,
+        then FIN) cannot be told from a real end."""
+        if self._tls is not None and self.state == OPEN and not self.peer_ended and not self._ended:
             self._incoming.write_eof()
             raise self._fail("TLS: the stream ended without close_notify (cut short: a FIN "
                              "in the middle of the stream)")

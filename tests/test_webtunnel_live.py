@@ -561,6 +561,9 @@ PROBES = {   # name: (bytes, whether they go inside TLS where the front has TLS)
     "plain HTTP to the TLS port": (PLAIN_GET, False),
 }
 NOT_OURS = "not a webtunnel upgrade (%s): answered 404"
+WRONG_PATH = ("the path is not url='s, nor url='s with a leading part cut off: 11 bytes in 1 "
+              "segment(s) arrived, url='s path is 16 bytes in 1; a reverse proxy that rewrites "
+              "the path must pass it unchanged or only cut a leading part off")
 # (front, probe): the start of the answer, and what our server says at the default level
 # (None: the probe never reaches it, or it repeats a line said within the rate limit's
 # 10 s, Listener.complain).
@@ -570,12 +573,12 @@ EXPECTED = {
     ("nginx", "a plain GET"): (b"HTTP/1.1 200 OK\r\n", None),
     ("nginx", "random bytes"): (BAD_REQUEST_HEAD, None),             # not TLS: nginx's 400
     ("nginx", "plain HTTP to the TLS port"): (BAD_REQUEST_HEAD, None),   # nginx's own 400
-    ("tls", "wrong path"): (NOT_FOUND_HEAD, NOT_OURS % "the path is not url='s"),
+    ("tls", "wrong path"): (NOT_FOUND_HEAD, NOT_OURS % WRONG_PATH),
     ("tls", "no upgrade headers"): (NOT_FOUND_HEAD, NOT_OURS % "no Connection: upgrade"),
     ("tls", "a plain GET"): (NOT_FOUND_HEAD, None),
     ("tls", "random bytes"): (b"", "the client's handshake failed"),    # no TLS: closed
     ("tls", "plain HTTP to the TLS port"): (BAD_REQUEST_HEAD, "plain HTTP to our TLS port: answered 400"),
-    ("http", "wrong path"): (NOT_FOUND_HEAD, NOT_OURS % "the path is not url='s"),
+    ("http", "wrong path"): (NOT_FOUND_HEAD, NOT_OURS % WRONG_PATH),
     ("http", "no upgrade headers"): (NOT_FOUND_HEAD, NOT_OURS % "no Connection: upgrade"),
     ("http", "a plain GET"): (NOT_FOUND_HEAD, None),
     ("http", "random bytes"): (BAD_REQUEST_HEAD, "not an HTTP request"),
@@ -690,7 +693,7 @@ def test_servername_list_tries_the_next_name(parts):
     with client.connect(client.args(servername="wrong.test,%s" % NAME)) as sock:
         assert echo_round_trip(sock, b"second name") == b"second name"
     client.wait_for(r"\[NOTICE\] .*the bridge \[scrubbed\] \(route 1 of 2\) failed: TLS: the "
-                    r"certificate did not verify for the servername \(Hostname mismatch"
+                    r"web server's certificate is not valid for the name in servername="
                     r".*trying the next route")
 
 
@@ -712,12 +715,12 @@ FAILURES = {
         r"the server answered 'HTTP/1\.1 200 OK', not 101 Switching Protocols: .*check the path in url="),
     "untrusted CA": (
         lambda client, front: client.args(front.url), 0x01,
-        r"TLS: the certificate did not verify for the servername \(unable to get local issuer "
-        r"certificate\): check servername= and the CA roots \(SSL_CERT_FILE\)"),
+        r"TLS: the web server's certificate did not verify \(unable to get local issuer "
+        r"certificate\): check the CA roots \(SSL_CERT_FILE\) and servername="),
     "wrong name": (
         lambda client, front: client.args(front.url, servername="wrong.test"), 0x01,
-        r"TLS: the certificate did not verify for the servername \(Hostname mismatch.*\): "
-        r"check servername="),
+        r"TLS: the web server's certificate is not valid for the name in servername= \(or, "
+        r"without it, url='s host\): check that name"),
     "DNS failure": (
         lambda client, front: client.args("https://bridge.invalid%s" % PATH, servername=None), 0x04,
         r"cannot reach the webtunnel bridge .*: name or service not known .*"
