@@ -563,7 +563,9 @@ def _status_advice(code):
     if code in ("400", "421"):      # nginx's 400: plain HTTP sent to its TLS port, among others
         return "check the scheme (https) and host in url=, and servername="
     if code in ("502", "503", "504"):
-        return "the web server cannot reach the webtunnel bridge behind it (is the bridge running?)"
+        return ("the web server cannot reach the webtunnel bridge behind it: is the bridge "
+                "running, on the port the web server passes to, with http:// (the bridge's log "
+                "says when https:// reached it)?")
     return "check url="
 
 

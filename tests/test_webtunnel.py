@@ -1038,3 +1038,18 @@ def test_addr_takes_ascii_digits_only_by_outbound_s_parser(addr):
     with pytest.raises(ValueError) as caught:
         WebTunnel.client_config({"url": URL, "addr": addr})
     assert str(caught.value).startswith("addr= must be HOST:PORT") and "127.0.0.1" not in str(caught.value)
+
+
+def test_a_tls_front_closes_an_idle_connection_when_nginx_would(ca):
+    """Finding 5: 30 s (the core's handshake deadline) where nginx waits 60 s
+    (client_header_timeout); behind a front the core's deadline stays."""
+    assert WebTunnel(False, tls_configs(ca)[1]).handshake_timeout == 60
+    assert getattr(plain_server(), "handshake_timeout", None) is None
+    assert getattr(WebTunnel(True, tls_configs(ca)[0]), "handshake_timeout", None) is None
+
+
+def test_502_advice_names_https_to_the_plain_port():
+    client = plain_client()
+    with pytest.raises(webtunnel.ProtocolError) as caught:
+        client.receive(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")
+    assert "is the bridge running" in str(caught.value) and "http://" in str(caught.value)
