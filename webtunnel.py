@@ -909,7 +909,6 @@ class WebTunnel:
         cut. A front that ends its side cleanly whatever happened behind it (close_notify,
         then FIN) cannot be told from a real end."""
         if self._tls is not None and self.state == OPEN and not self.peer_ended and not self._ended:
-            self._incoming.write_eof()
             raise self._fail("TLS: the stream ended without close_notify (cut short: a FIN "
                              "in the middle of the stream)")
 

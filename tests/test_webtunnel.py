@@ -1053,3 +1053,40 @@ def test_502_advice_names_https_to_the_plain_port():
     with pytest.raises(webtunnel.ProtocolError) as caught:
         client.receive(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")
     assert "is the bridge running" in str(caught.value) and "http://" in str(caught.value)
+
+
+def tcp_pair():
+    """(accepted end, application end) of a loopback TCP connection."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        app = socket.create_connection(listener.getsockname())
+        conn, _ = listener.accept()
+    return conn, app
+
+
+def test_a_connection_the_application_already_closed_dials_nothing():
+    """Finding 9: a --bridge client's bare connect-and-close (or RST) cost a TLS
+    handshake, an upgrade and a connection to Tor's ORPort; now nothing is dialled
+    (settings=None: any dial would fail with an AttributeError, not PeerClosed)."""
+    import proxy
+    for closing in ("fin", "rst"):
+        conn, app = tcp_pair()
+        if closing == "rst":
+            app.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        app.close()
+        conn.settimeout(20)
+        if closing == "fin":
+            assert conn.recv(1, socket.MSG_PEEK) == b""     # the FIN has arrived (loopback: the RST at once)
+        with pytest.raises(proxy.PeerClosed, match="nothing dialled"):
+            proxy.handle_fixed_client(conn, None, None)
+        conn.close()
+    conn, app = tcp_pair()
+    assert not proxy.application_gone(conn)           # silent, still open: dial as before
+    app.sendall(b"x")
+    app.close()
+    conn.settimeout(20)
+    assert conn.recv(1, socket.MSG_PEEK) == b"x"
+    assert not proxy.application_gone(conn)           # data first: it is a real tunnel
+    assert conn.recv(1) == b"x"                       # peeked, not taken
+    conn.close()
