@@ -387,11 +387,31 @@ def handle_socks_client(conn, settings, tunnel):
 
 
 def handle_fixed_client(conn, settings, tunnel):
-    """No SOCKS: every connection goes to the one bridge of --dest or --bridge."""
+    """No SOCKS: every connection goes to the one bridge of --dest or --bridge. One
+    that the application already closed, having sent nothing (a readiness probe, a
+    port scan), costs no dial: each was a TLS handshake, an upgrade and a connection
+    to Tor's ORPort with webtunnel (webtunnel-4 finding 9)."""
+    if application_gone(conn):
+        raise PeerClosed("the application closed the connection before sending anything: "
+                         "nothing dialled")
     deadline = Deadline(settings.handshake_timeout, tunnel.turn)
     config = settings.client_config()
     server, transport, to_application = open_tunnel(settings, config, settings.dest, deadline, tunnel)
     return Relay(conn, server, transport, to_upstream=to_application)
+
+
+def application_gone(conn):
+    """True when ``conn`` holds an end of stream or a reset and no byte before it."""
+    timeout = conn.gettimeout()
+    conn.setblocking(False)
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        conn.settimeout(timeout)
 
 
 def open_tunnel(settings, config, target, deadline, tunnel):

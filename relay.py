@@ -134,11 +134,12 @@ class _Direction:
     """
 
     __slots__ = ("src", "dst", "transform", "pending", "buffer", "eof", "done", "count", "size",
-                 "pieces", "not_before", "delay", "buffers", "at_eof", "failure", "counts_output")
+                 "pieces", "not_before", "delay", "buffers", "at_eof", "failure", "counts_output",
+                 "ended")
 
-    def __init__(self, src, dst, transform, counts_output=False, at_eof=None):
+    def __init__(self, src, dst, transform, counts_output=False, at_eof=None, ended=None):
         self.src, self.dst, self.transform = src, dst, transform
-        self.counts_output, self.at_eof = counts_output, at_eof
+        self.counts_output, self.at_eof, self.ended = counts_output, at_eof, ended
         self.pending, self.pieces = _NOTHING, deque()
         self.buffer = self.buffers = self.failure = None
         self.eof = self.done = False
@@ -223,6 +224,8 @@ class _Direction:
         if not self.counts_output:
             self.count += size
         self.take(out, buffer)
+        if self.ended is not None and self.ended():   # the stream ended inside it (TLS close_notify)
+            self.eof = True
         if not self.write():
             self.size = CHUNK              # dst is full: it sets the pace, small reads do
         elif size == self.size:            # the source had more: size the next read to time
@@ -312,8 +315,12 @@ class Relay:
         self.upstream, self.downstream, self.transport = upstream, downstream, transport
         end = getattr(transport, "end", None)
         self.up = _Direction(upstream, downstream, sender(transport), at_eof=end)
+        # A transport may see its peer end the stream before the FIN (peer_ended: TLS
+        # close_notify), and may refuse a FIN that came without such an end (receive_eof).
+        ended = (lambda: transport.peer_ended) if hasattr(transport, "peer_ended") else None
         self.down = _Direction(downstream, upstream, self._receive_then_owe(receiver(transport)),
-                               counts_output=True)
+                               counts_output=True, at_eof=getattr(transport, "receive_eof", None),
+                               ended=ended)
         self.initial = (to_upstream, to_downstream)
         self.registered = {upstream: 0, downstream: 0}
         self.unwatched = []

@@ -136,9 +136,13 @@ import ipaddress
 import os
 import re
 import ssl
+import time
 from dataclasses import dataclass, replace
-from typing import Optional, Tuple
+from email.utils import formatdate
+from typing import Callable, Optional, Tuple
 from urllib.parse import quote, unquote, urlsplit
+
+import outbound
 
 VERSION = "0.0.2"                 # what the upstream server announces as ver=
 MAX_HEAD = 16 * 1024              # a request or response head, terminator included
@@ -203,15 +207,23 @@ def _parse_url(url):
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as exc:
-        raise ValueError("url=%s is not a valid URL (%s)" % (url, exc))
+    except ValueError as exc:     # urlsplit's words name the part (a bad port, a bracket)
+        raise ValueError("url= is not a valid URL (%s)" % exc)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
-        raise ValueError("url=%s: the scheme must be https (or http, without TLS), not %r"
-                         % (url, parts.scheme))
+        raise ValueError("url=: the scheme must be https (or http, without TLS), not %r"
+                         % parts.scheme[:20])
     if not parts.hostname:
-        raise ValueError("url=%s has no host" % url)
+        raise ValueError("url= has no host")
+    if _BAD_HOST.search(_hostname(parts.netloc)) or "\\" in parts.netloc:
+        raise ValueError("url=: the host holds a character no host name has "
+                         "(a space, a backslash, a quote, ...)")
     return scheme, parts, port or (443 if scheme == "https" else 80)
+
+
+# url= carries the secret path (a bearer token) and the bridge's host, which the log
+# scrubs elsewhere: errors about it say what is wrong, never the value.
+_BAD_HOST = re.compile(r'[\x00-\x20"<>\\^`{|}\x7f]')
 
 
 def _hostname(netloc):
@@ -238,7 +250,7 @@ def host_header(url):
         try:
             host = host.encode("idna").decode("ascii")
         except UnicodeError:
-            raise ValueError("url=%s: the host is not a valid domain name" % url)
+            raise ValueError("url=: the host is not a valid domain name")
     return host
 
 
@@ -269,15 +281,14 @@ def synthetic_address(url):
 
 
 def parse_addr(text):
-    """``HOST:PORT`` or ``[IPv6]:PORT`` -> (host, port); ValueError names addr=."""
-    host, sep, port = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError("addr=%s: write IPv6 addresses as [ADDRESS]:PORT" % text)
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError("addr=%s must be HOST:PORT (IPv6: [ADDRESS]:PORT)" % text)
-    return host, int(port)
+    """``HOST:PORT`` or ``[IPv6]:PORT`` -> (host, port), by the one address parser
+    (``outbound.parse_address``); ValueError names addr= (the address, which logs
+    scrub, is not repeated)."""
+    try:
+        return outbound.parse_address(text)
+    except ValueError as exc:
+        raise ValueError("addr= must be HOST:PORT (IPv6: [ADDRESS]:PORT): %s"
+                         % str(exc).replace(repr(text), "the value"))
 
 
 # --- Configuration ------------------------------------------------------------------
@@ -318,12 +329,14 @@ class ClientConfig:
 
 @dataclass
 class ServerConfig:
-    """One listener's: the URL it serves and, when it terminates TLS, its context."""
+    """One listener's: the URL it serves and, when it terminates TLS, its context.
+    ``clock`` (seconds since the epoch) dates the error pages, as a web server does."""
 
     url: str
     target: str                       # the path a client must ask for
     context: Optional[ssl.SSLContext]   # None: plain HTTP behind a reverse proxy
     notes: Tuple[str, ...] = ()
+    clock: Optional[Callable[[], float]] = None     # None: pages carry no Date
 
 
 def client_config(options):
@@ -354,7 +367,8 @@ def client_config(options):
         try:
             name.encode("idna")
         except UnicodeError:
-            raise ValueError("servername=%s: %r is not a host name" % (options["servername"], name))
+            raise ValueError("servername=: name %d of %d is not a host name"
+                             % (names.index(name) + 1, len(names)))
     if not tls and "servername" in options:
         notes.append("servername= has no effect with an http:// url= (no TLS, no SNI)")
     if "utls" in options:
@@ -391,8 +405,9 @@ def server_config(options, state_dir=None):
                          "or neither to serve plain HTTP behind a reverse proxy)")
     context = None
     if cert:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.set_alpn_protocols(ALPN)
+        for option, path in (("tls-cert", cert), ("tls-key", key)):
+            _check_readable(option, path)
+        context = server_context()
         try:
             context.load_cert_chain(cert, key)
         except ssl.SSLError as exc:
@@ -400,8 +415,45 @@ def server_config(options, state_dir=None):
                              % (cert, key, exc.reason or exc))
         except OSError as exc:
             raise OSError("tls-cert=%s, tls-key=%s: %s" % (cert, key, exc.strerror or exc))
-    config = ServerConfig(url=url, target=request_target(url), context=context)
+    config = ServerConfig(url=url, target=request_target(url), context=context, clock=time.time)
     return config, {"url": url, "ver": VERSION}
+
+
+# nginx's defaults (1.22, ssl_ciphers and ssl_prefer_server_ciphers): its cipher string,
+# and the client's preference order rather than the server's. Python's server context
+# has its own narrower string and prefers its own order (AES-256 first), which shows in
+# every ServerHello. What Python's ssl cannot set is in the README (tls-cert= mode).
+NGINX_CIPHERS = "HIGH:!aNULL:!MD5"
+
+
+def server_context():
+    """The TLS context of a server that terminates TLS itself (``tls-cert=``), as close
+    to a stock nginx's as Python's ssl allows: nginx's cipher string, the client's
+    cipher order, ALPN http/1.1."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    context.set_ciphers(NGINX_CIPHERS)
+    context.set_alpn_protocols(ALPN)
+    return context
+
+
+def _check_readable(option, path):
+    """OSError naming the option, the file and, when it is a permission, the user."""
+    try:
+        open(path, "rb").close()
+    except PermissionError:
+        raise OSError("%s=%s: the user this runs as (%s) cannot read it: give that user "
+                      "read access, or run as a user that has it" % (option, path, _user()))
+    except OSError as exc:
+        raise OSError("%s=%s: %s" % (option, path, exc.strerror or exc))
+
+
+def _user():
+    try:
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError, AttributeError):     # Windows: no pwd, no geteuid
+        return os.environ.get("USERNAME", "this user")
 
 
 # --- HTTP heads ---------------------------------------------------------------------
@@ -422,9 +474,11 @@ class HeadError(Exception):
     """A head that is not HTTP (which byte, or which line)."""
 
 
-def first_line(buffer, not_allowed):
-    """The first line of ``buffer`` as text once its CR LF is there, else None."""
-    match = not_allowed.search(buffer, 0, MAX_HEAD)
+def first_line(buffer, not_allowed, start=0):
+    """The first line of ``buffer`` as text once its CR LF is there, else None.
+    ``start``: where to resume the scan (every byte before it passed already), so that
+    a head arriving a byte at a time costs linear work, not quadratic."""
+    match = not_allowed.search(buffer, start, MAX_HEAD)
     if match is None:
         if len(buffer) >= MAX_HEAD:
             raise HeadError("no line end in the first %d bytes" % MAX_HEAD)
@@ -437,9 +491,10 @@ def first_line(buffer, not_allowed):
     return buffer[:end].decode("latin-1")
 
 
-def split_head(buffer):
-    """(head lines after the first, bytes after the head) once the head is complete, else None."""
-    end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD)
+def split_head(buffer, start=0):
+    """(head lines after the first, bytes after the head) once the head is complete, else
+    None. ``start``: where to resume looking for the blank line (as in first_line)."""
+    end = buffer.find(b"\r\n\r\n", start, MAX_HEAD)
     if end < 0:
         if len(buffer) >= MAX_HEAD:
             raise HeadError("the head is longer than %d bytes" % MAX_HEAD)
@@ -472,16 +527,22 @@ def upgrade_request(config):
             % (config.target, config.host, USER_AGENT)).encode("latin-1")
 
 
-def error_page(status):
-    """A small web server's error response ("404 Not Found"), closing the connection."""
+def error_page(status, date=None, head=False):
+    """A web server's error response ("404 Not Found"), closing the connection: nginx's
+    page and fields, byte for byte as a stock nginx with ``server_tokens off`` sends
+    them, with its ``Date`` (``date``: seconds since the epoch; None: no Date) and no
+    body after a HEAD. Behind nginx, nginx replaces Server and Date with its own."""
     body = ("<html>\r\n<head><title>%s</title></head>\r\n<body>\r\n"
-            "<center><h1>%s</h1></center>\r\n</body>\r\n</html>\r\n" % (status, status))
-    return ("HTTP/1.1 %s\r\nContent-Type: text/html\r\nContent-Length: %d\r\n"
-            "Connection: close\r\n\r\n%s" % (status, len(body), body)).encode("latin-1")
+            "<center><h1>%s</h1></center>\r\n<hr><center>nginx</center>\r\n"
+            "</body>\r\n</html>\r\n" % (status, status))
+    dated = "" if date is None else "Date: %s\r\n" % formatdate(date, usegmt=True)
+    return ("HTTP/1.1 %s\r\nServer: nginx\r\n%sContent-Type: text/html\r\nContent-Length: %d\r\n"
+            "Connection: close\r\n\r\n%s"
+            % (status, dated, len(body), "" if head else body)).encode("latin-1")
 
 
-NOT_FOUND = error_page("404 Not Found")
-BAD_REQUEST = error_page("400 Bad Request")
+NOT_FOUND = "404 Not Found"
+BAD_REQUEST = "400 Bad Request"
 
 
 def _status_advice(code):
@@ -489,8 +550,11 @@ def _status_advice(code):
     if code == "101":
         return ("the reverse proxy must pass Upgrade and Connection through "
                 "(nginx: proxy_http_version 1.1 and both proxy_set_header lines)")
-    if code == "404":
-        return "check the path in url="
+    if code == "404":     # our server's answer behind a front that got the path right, too
+        return ("check the path in url=; if it is right, the web server does not pass "
+                "the upgrade to the bridge (nginx: proxy_http_version 1.1 and both "
+                "proxy_set_header Upgrade/Connection lines) or rewrites the path: the "
+                "bridge's log says which")
     if code == "200":     # a front serves its cover page on every path it does not route to us
         return ("the web server served a page, as it does on every path but the bridge's: "
                 "check the path in url=")
@@ -499,11 +563,19 @@ def _status_advice(code):
     if code in ("400", "421"):      # nginx's 400: plain HTTP sent to its TLS port, among others
         return "check the scheme (https) and host in url=, and servername="
     if code in ("502", "503", "504"):
-        return "the web server cannot reach the webtunnel bridge behind it (is the bridge running?)"
+        return ("the web server cannot reach the webtunnel bridge behind it: is the bridge "
+                "running, on the port the web server passes to, with http:// (the bridge's log "
+                "says when https:// reached it)?")
     return "check url="
 
 
 # --- The transport ------------------------------------------------------------------
+
+FRONT_IDLE_TIMEOUT = 60.0     # seconds: nginx's client_header_timeout default
+
+
+X509_V_ERR_HOSTNAME_MISMATCH = 62     # OpenSSL's verify code (x509_vfy.h)
+
 
 class WebTunnel:
     """One side of one webtunnel connection, with no I/O (the contract in transports.py).
@@ -552,6 +624,10 @@ class WebTunnel:
         self.peer_ended = False          # the peer's close_notify came
         self._ended = False              # ours went out
         self._buffer = bytearray()       # a head being read
+        self._scanned = 0                # how much of it passed the first-line scan
+        self._head_scanned = 0           # ... and the search for its end
+        self._line = None                # its first line, once complete
+        self._method = None              # the request's method, once known (HEAD: no body)
         self._owed = bytearray()         # without TLS: the 101 to send
         self._tls = None
         context = config.context
@@ -563,6 +639,10 @@ class WebTunnel:
             else:
                 self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
         self.expensive = self._tls is not None      # TLS handshakes: the core serialises them
+        if self._tls is not None and not initiator:
+            # We are the front: an idle connection closes when nginx's would
+            # (client_header_timeout, 60 s), not at the core's 30 s.
+            self.handshake_timeout = FRONT_IDLE_TIMEOUT
         if self._tls is not None:
             self.state = TLS_HANDSHAKE
         else:
@@ -619,19 +699,30 @@ class WebTunnel:
         except ssl.SSLWantReadError:
             return False
         except ssl.SSLCertVerificationError as exc:
-            # OpenSSL's words may quote the name: the core says names, scrubbed unless asked.
-            name = self.config.servername
-            reason = str(exc.verify_message or exc.reason).replace("'%s'" % name, "servername=")
-            reason = reason.replace(name, "servername=")
-            raise self._fail("TLS: the certificate did not verify for the servername (%s): check "
-                             "servername= and the CA roots (SSL_CERT_FILE)" % reason,
-                             self._outgoing.read())
+            raise self._fail(self._certificate_words(exc), self._outgoing.read())
         except ssl.SSLError as exc:
             if not self.initiator and exc.reason == "HTTP_REQUEST":
                 # Plain HTTP to our TLS port: a web server answers that in plain HTTP.
                 raise self._fail("the client spoke plain HTTP to our TLS port: answered 400",
-                                 BAD_REQUEST)
+                                 self._page(BAD_REQUEST))
             raise self._fail(self._tls_words(exc), self._outgoing.read())
+
+    def _certificate_words(self, exc):
+        """A sentence for a certificate that did not verify. It names neither the
+        servername nor the certificate's own names: the log scrubs hosts (the core says
+        them with --no-safe-logging), and the certificate's names point at the bridge's
+        site as much as the servername does. OpenSSL's reason is kept, the name it may
+        quote taken out."""
+        if exc.verify_code == X509_V_ERR_HOSTNAME_MISMATCH:
+            return ("TLS: the web server's certificate is not valid for the name in servername= "
+                    "(or, without it, url='s host): check that name, and that the web server "
+                    "serves the certificate of that site")
+        reason = str(exc.verify_message or exc.reason or exc)
+        name = self.config.servername or ""
+        if name:
+            reason = reason.replace("'%s'" % name, "that name").replace(name, "that name")
+        return ("TLS: the web server's certificate did not verify (%s): check the CA roots "
+                "(SSL_CERT_FILE) and servername=" % reason.rstrip("."))
 
     def _tls_words(self, exc):
         reason = exc.reason or str(exc)
@@ -663,24 +754,37 @@ class WebTunnel:
     def _read_head(self, data):
         """Buffer a request (server) or response (client) head; act once it is complete.
         Every decision rests on a prefix of the peer's bytes (the first line, then the
-        whole head), so every split of the same bytes ends the same way."""
+        whole head), so every split of the same bytes ends the same way; each byte is
+        scanned a bounded number of times, however the head is split."""
         self._buffer += data
+        buffer = self._buffer
+        head = None
         try:
-            if self.initiator:
-                line = first_line(self._buffer, _NOT_STATUS_LINE)
-                if line is not None and not _STATUS_LINE.match(line):
-                    raise HeadError("its first line is %r" % line[:200])
-            else:
-                line = first_line(self._buffer, _NOT_REQUEST_LINE)
-                if line is not None and not _REQUEST_LINE.match(line):
-                    raise HeadError("not a request line: %r" % line[:200])
-            head = None if line is None else split_head(self._buffer)
+            if self._line is None:
+                if self.initiator:
+                    line = first_line(buffer, _NOT_STATUS_LINE, self._scanned)
+                    if line is not None and not _STATUS_LINE.match(line):
+                        raise HeadError("its first line is %r" % line[:200])
+                else:
+                    line = first_line(buffer, _NOT_REQUEST_LINE, self._scanned)
+                    if line is not None and not _REQUEST_LINE.match(line):
+                        raise HeadError("not a request line: %r" % line[:200])
+                self._line = line
+                self._scanned = max(0, len(buffer) - 1)     # a CR at the end waits for its LF
+                self._head_scanned = len(line or "")
+            if self._line is not None:
+                head = split_head(buffer, self._head_scanned)
+                self._head_scanned = max(0, len(buffer) - 3)   # "\r\n\r\n" may straddle
             if head is not None:
                 lines, rest = head
                 fields = parse_fields(lines)
         except HeadError as exc:
             if self.initiator:
                 raise self._fail("the server's answer is not HTTP (%s): check url= and addr=" % exc)
+            if buffer[:1] == b"\x16" and self._tls is None:     # a TLS handshake record
+                raise self._refuse(BAD_REQUEST, "a TLS ClientHello (byte 0x16 first): the web "
+                                   "server speaks https:// to this plain-HTTP port (nginx: "
+                                   "proxy_pass http://, not https://): answered 400")
             raise self._refuse(BAD_REQUEST, "not an HTTP request (%s): answered 400" % exc)
         if head is None:
             if self.peer_ended:     # a close_notify in the middle of the head
@@ -689,7 +793,7 @@ class WebTunnel:
                                      "complete: " + _status_advice("101"))
                 raise self._fail("the client closed TLS before its request was complete")
             return b""
-        self._buffer = None
+        line, self._buffer = self._line, None
         if self.initiator:
             self._check_response(line, fields)
         else:
@@ -710,21 +814,25 @@ class WebTunnel:
                                 ", ".join(fields.get("connection", ())), _status_advice("101")))
         advice = _status_advice(code)
         if code[:1] == "3" and fields.get("location"):
-            advice += " (it points to %s)" % fields["location"][0][:200]
+            advice += " (%s)" % _where_it_points(fields["location"][0], self.config.url)
         raise self._fail("the server answered %r, not 101 Switching Protocols: %s"
                          % (line[:200], advice))
 
     def _check_request(self, line, fields):
         """Step 3: our upgrade, or a web server's answer; note X-Forwarded-For."""
         method, target, version = _REQUEST_LINE.match(line).groups()
+        self._method = method
         if not version.startswith("HTTP/1."):
             raise self._refuse(BAD_REQUEST, "not HTTP/1.x (%r): answered 400" % line[:200])
+        malformed = _malformed(fields, version)
+        if malformed:     # RFC 9112 says to refuse these, and nginx answers them 400
+            raise self._refuse(BAD_REQUEST, "a malformed request (%s): answered 400" % malformed)
         path = target.partition("?")[0]
         why = None
         if method != "GET" or version != "HTTP/1.1":
             why = "%s %s, not GET HTTP/1.1" % (method, version)
-        elif path != self.config.target:
-            why = "the path is not url='s"
+        elif not path_matches(path, self.config.target):
+            why = path_mismatch(path, self.config.target)
         elif "upgrade" not in tokens(fields, "connection"):
             why = "no Connection: upgrade"
         elif "websocket" not in tokens(fields, "upgrade"):
@@ -742,8 +850,13 @@ class WebTunnel:
         self._buffer = None
         return ProtocolError(message, reply, data)
 
-    def _refuse(self, page, message):
-        """A server's failure: ``page`` as the reply (in TLS, then close_notify)."""
+    def _page(self, status):
+        clock = getattr(self.config, "clock", None)
+        return error_page(status, clock() if clock else None, head=self._method == "HEAD")
+
+    def _refuse(self, status, message):
+        """A server's failure: its ``status`` page as the reply (in TLS, then close_notify)."""
+        page = self._page(status)
         if self._tls is None:
             return self._fail(message, page)
         self._tls.write(page)
@@ -786,6 +899,19 @@ class WebTunnel:
         except ssl.SSLError:             # a broken session has no clean close
             pass
 
+    def receive_eof(self):
+        """The peer's FIN came, with nothing after it (the relay calls this at the end of
+        the incoming direction). With TLS, a FIN that no close_notify came before is a
+        stream cut short, perhaps in the middle of a record: a ProtocolError, so that the
+        application sees a failure (a reset), never a clean end of stream. Once our own
+        close_notify went out, a bare FIN is the peer's answer to it (TLS 1.2 lets it
+        discard what it still had to send; nginx closes so after our close_notify), not a
+        cut. A front that ends its side cleanly whatever happened behind it (close_notify,
+        then FIN) cannot be told from a real end."""
+        if self._tls is not None and self.state == OPEN and not self.peer_ended and not self._ended:
+            raise self._fail("TLS: the stream ended without close_notify (cut short: a FIN "
+                             "in the middle of the stream)")
+
     def failure_hint(self, kind):
         """Words for a connection that could not be made ("connect": we dial url='s host,
         which a user may take for the bridge line's address), or a handshake that timed
@@ -821,3 +947,76 @@ def forwarded_for(fields):
     return str(address), FORWARDED_PORT
 
 
+
+
+def _malformed(fields, version):
+    """What RFC 9112 makes a request head unacceptable for, or None: an HTTP/1.1
+    request without exactly one Host (3.2), several Content-Length fields, or
+    Content-Length with Transfer-Encoding (6.3: request smuggling's ingredients)."""
+    hosts = len(fields.get("host", ()))
+    if version == "HTTP/1.1" and hosts != 1:
+        return "no Host field" if not hosts else "%d Host fields" % hosts
+    if hosts > 1:
+        return "%d Host fields" % hosts
+    if len(fields.get("content-length", ())) > 1:
+        return "%d Content-Length fields" % len(fields["content-length"])
+    if "content-length" in fields and "transfer-encoding" in fields:
+        return "both Content-Length and Transfer-Encoding"
+    return None
+
+
+def _segments(path):
+    """A request path as a web server matches it: percent-decoded, with empty and "."
+    segments dropped and ".." resolved (nginx passes the path as the client wrote it;
+    ``/%6B7Qm...``, ``//k7Qm...`` and ``/x/../k7Qm...`` all reached its exact location).
+    A final "/" stays significant."""
+    segments = []
+    for segment in unquote(path).split("/"):
+        if segment == "..":
+            if segments:
+                segments.pop()
+        elif segment not in ("", "."):
+            segments.append(segment)
+    if path.endswith("/") and segments:
+        segments.append("")
+    return segments
+
+
+def path_matches(path, target):
+    """Whether a request for ``path`` is for url='s path ``target`` as a reverse proxy
+    may pass it on: unchanged (nginx's ``proxy_pass http://HOST:PORT;`` in an exact
+    location, as upstream's documentation writes it), or with a leading part cut off
+    at a "/": ``/k7Qm...`` from ``location /bridge/ { proxy_pass http://HOST:PORT/; }``,
+    down to ``/`` itself (``proxy_pass http://HOST:PORT/;`` in the exact location,
+    Apache's ``ProxyPass /k7Qm... ws://HOST:PORT/``, Caddy's ``handle_path``). The
+    upstream server checks no path at all; this still refuses every other path, so
+    a front that forwards more than the secret location does not hand out 101s,
+    except on "/" itself (README: the secret belongs in the last segment)."""
+    got, wanted = _segments(path), _segments(target)
+    return len(got) <= len(wanted) and got == wanted[len(wanted) - len(got):]
+
+
+def path_mismatch(path, target):
+    """Why ``path`` is not url='s, in words that never quote either path (url='s is the
+    bridge's secret): their lengths and numbers of segments."""
+    got, wanted = _segments(path), _segments(target)
+    return ("the path is not url='s, nor url='s with a leading part cut off: %d bytes in %d "
+            "segment(s) arrived, url='s path is %d bytes in %d; a reverse proxy that rewrites "
+            "the path must pass it unchanged or only cut a leading part off"
+            % (len(path), len(got), len(target), len(wanted)))
+
+
+def _where_it_points(location, url):
+    """Where a redirect points, relative to url=, without quoting it (url= and the
+    Location carry the secret path and the bridge's host)."""
+    try:
+        to, ours = urlsplit(location), urlsplit(url)
+    except ValueError:
+        return "its Location is not a valid URL"
+    words = []
+    if to.scheme and to.scheme.lower() != ours.scheme.lower():
+        words.append("to %s://" % to.scheme.lower()[:10])
+    if to.netloc:
+        words.append("the same host" if to.netloc.lower() == ours.netloc.lower() else "another host")
+    words.append("the same path" if to.path == ours.path else "another path")
+    return "it points to " + ", ".join(words)

@@ -47,7 +47,7 @@ server {{
 
     # The secret path of the bridge line's url=, and nothing else, goes to the bridge.
     location = {path} {{
-        proxy_pass http://{backend};
+        proxy_pass http://{backend};              # no URI: the path passes unchanged
         proxy_http_version 1.1;                   # an Upgrade needs HTTP/1.1 to the bridge
         proxy_set_header Upgrade $http_upgrade;   # hop-by-hop headers pass only when set here
         proxy_set_header Connection "upgrade";
@@ -94,6 +94,21 @@ http {{
 EXAMPLE = dict(listen="443", server_name="example.org", cert_file="/etc/ssl/example.org/fullchain.pem",
                key_file="/etc/ssl/example.org/privkey.pem", path="/k7Qm2Zx1c1b00b6",
                backend="127.0.0.1:15000", cover=COVER)
+
+
+# Other fronts operators write (tests only; VARIANTS[name] replaces the proxy_pass line
+# of SERVER_BLOCK, and "location" replaces its location line). Our server serves the
+# first three (webtunnel-4 finding 3) and refuses a rewrite to another path.
+VARIANTS = {
+    # location = /SECRET { proxy_pass http://H:P/; }: nginx passes "/" on
+    "trailing slash": dict(proxy_pass="proxy_pass http://{backend}/;"),
+    # url=https://HOST/bridge/SECRET, location /bridge/ { proxy_pass http://H:P/; }: "/SECRET"
+    "prefix location": dict(location="location /bridge/ {{", proxy_pass="proxy_pass http://{backend}/;"),
+    # a rewrite to a path of its own: "/ws"
+    "rewrite": dict(proxy_pass="rewrite ^ /ws break;\n        proxy_pass http://{backend};"),
+    # https:// to our plain-HTTP port (newcomer-4 D4)
+    "https upstream": dict(proxy_pass="proxy_pass https://{backend};"),
+}
 
 
 def find_nginx():
@@ -144,7 +159,7 @@ class Nginx:
     START_SECONDS = 20.0
 
     def __init__(self, directory, backend, cert_file, key_file, path="/SECRET",
-                 server_name="wt.test", binary=None):
+                 server_name="wt.test", binary=None, variant=None):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.binary = binary or find_nginx()
@@ -154,6 +169,7 @@ class Nginx:
         self.settings = dict(server_name=server_name, cert_file=cert_file, key_file=key_file,
                              path=path, backend="%s:%d" % tuple(backend[:2]), cover=COVER)
         self.process = None
+        self.variant = variant
         for _ in range(self.TRIES):
             if self._start(free_port()):
                 return
@@ -168,6 +184,16 @@ class Nginx:
         """Start on ``port``; True once it accepts, False if the port was taken."""
         self.address = ("127.0.0.1", port)
         server = SERVER_BLOCK.format(listen="127.0.0.1:%d" % port, **self.settings)
+        if self.variant is not None:
+            change = VARIANTS[self.variant]
+            lines = server.splitlines(True)
+            for i, line in enumerate(lines):
+                indent_ = line[:len(line) - len(line.lstrip())]
+                if line.lstrip().startswith("proxy_pass ") and "proxy_pass" in change:
+                    lines[i] = indent_ + change["proxy_pass"].format(**self.settings) + "\n"
+                elif line.lstrip().startswith("location = ") and "location" in change:
+                    lines[i] = indent_ + change["location"].format(**self.settings) + "\n"
+            server = "".join(lines)
         config = MAIN.format(dir=self.directory, server=indent(server))
         (self.directory / "nginx.conf").write_text(config)
         log = self.directory / "error.log"

@@ -13,16 +13,20 @@ Pairs run in memory, driven as the core drives a transport: ``start()``, then
 side of TLS, the other end is a bare ``ssl.SSLObject`` (``Raw``).
 """
 
+import queue
 import random
+import socket
 import ssl
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import PROGRAM, EchoServer, Program, echo_round_trip, fmt, socks5_connect
 
+import relay
 import webtunnel
 from webtunnel import WebTunnel
 
@@ -41,11 +45,17 @@ SWITCHING = (b"HTTP/1.1 101 Switching Protocols\r\n"
              b"Connection: upgrade\r\n"
              b"Upgrade: websocket\r\n"
              b"\r\n")
+# A stock nginx's 404 (server_tokens off, as the README's block), byte for byte as
+# nginx 1.22.1 sent it here, with the Date of CLOCK; we close where nginx says keep-alive.
+CLOCK = 1796464800.0
+DATE = b"Date: Sat, 05 Dec 2026 10:00:00 GMT\r\n"
 NOT_FOUND_BODY = (b"<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n"
-                  b"<center><h1>404 Not Found</h1></center>\r\n</body>\r\n</html>\r\n")
-NOT_FOUND = (b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\nContent-Length: 118\r\n"
-             b"Connection: close\r\n\r\n" + NOT_FOUND_BODY)
-BAD_REQUEST_HEAD = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/html\r\nContent-Length: "
+                  b"<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n"
+                  b"</body>\r\n</html>\r\n")
+NOT_FOUND_HEAD = (b"HTTP/1.1 404 Not Found\r\nServer: nginx\r\n" + DATE +
+                  b"Content-Type: text/html\r\nContent-Length: 146\r\nConnection: close\r\n\r\n")
+NOT_FOUND = NOT_FOUND_HEAD + NOT_FOUND_BODY
+BAD_REQUEST_HEAD = b"HTTP/1.1 400 Bad Request\r\nServer: nginx\r\n"
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                       HealthCheck.function_scoped_fixture])
@@ -268,10 +278,16 @@ def test_tls_server_answers_the_exact_101_and_keeps_trailing_bytes(ca):
     assert server.peer_address is None
 
 
-def test_not_found_page_is_exact():
-    assert webtunnel.NOT_FOUND == NOT_FOUND
-    assert len(NOT_FOUND_BODY) == 118
-    assert webtunnel.BAD_REQUEST.startswith(BAD_REQUEST_HEAD)
+def test_not_found_page_is_nginx_s():
+    """Finding 5 (webtunnel-4): Server and Date as nginx sends them, nginx's footer, and
+    no body after a HEAD."""
+    assert webtunnel.error_page("404 Not Found", CLOCK) == NOT_FOUND
+    assert len(NOT_FOUND_BODY) == 146
+    assert webtunnel.error_page("404 Not Found", CLOCK, head=True) == NOT_FOUND_HEAD
+    assert webtunnel.error_page("400 Bad Request", CLOCK).startswith(BAD_REQUEST_HEAD + DATE)
+    head = REQUEST.replace(b"GET /k7Qm2Zx1c1b00b6", b"HEAD /nope")
+    assert refused(head).reply == NOT_FOUND_HEAD
+    assert WebTunnel.server_config({"url": URL}, None)[0].clock is not None    # dated live
 
 
 # --- Pairs: handshake and data, every split -------------------------------------------
@@ -370,8 +386,13 @@ def test_client_refuses_a_404_in_words_a_user_can_act_on():
     client = plain_client()
     with pytest.raises(webtunnel.ProtocolError) as caught:
         client.receive(NOT_FOUND)
-    assert str(caught.value) == ("the server answered 'HTTP/1.1 404 Not Found', not 101 Switching "
-                                 "Protocols: check the path in url=")
+    message = str(caught.value)
+    assert message.startswith("the server answered 'HTTP/1.1 404 Not Found', not 101 Switching "
+                              "Protocols: check the path in url=; ")
+    # newcomer-4 D2: a front that drops Upgrade/Connection (or proxy_http_version) gets
+    # the client the same 404: the operator's side is named too, and where to look.
+    assert "does not pass the upgrade" in message and "proxy_set_header" in message
+    assert "bridge's log" in message
     assert not client.is_open and client.state == webtunnel.FAILED
 
 
@@ -383,7 +404,7 @@ def test_client_refuses_a_404_in_words_a_user_can_act_on():
      "'HTTP/1.0 101"),
     (b"HTTP/1.1 101 Switching Protocols Now\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
      "Now"),
-    (b"HTTP/1.1 302 Found\r\nLocation: https://elsewhere.test/\r\n\r\n", "elsewhere.test"),
+    (b"HTTP/1.1 302 Found\r\nLocation: https://elsewhere.test/\r\n\r\n", "another host, another path"),
     (b"HTTP/1.1 502 Bad Gateway\r\n\r\n", "bridge"),
     (b"SSH-2.0-OpenSSH_9.2\r\n", "not HTTP"),
     (b"\x00\x01\x02garbage", "not HTTP"),
@@ -467,21 +488,26 @@ def test_an_untrusted_ca_is_a_protocol_error(ca, other_ca, monkeypatch):
     with pytest.raises(webtunnel.ProtocolError) as caught:
         drive(client, server)
     message = str(caught.value)
-    assert message.startswith("TLS: the certificate did not verify for the servername (")
+    assert message.startswith("TLS: the web server's certificate did not verify (")
     assert "wt.test" not in message      # names dialled are the core's to say, scrubbed unless asked
-    assert message.endswith("): check servername= and the CA roots (SSL_CERT_FILE)")
+    assert message.endswith("): check the CA roots (SSL_CERT_FILE) and servername=")
     assert caught.value.reply[:1] == b"\x15"           # OpenSSL's alert, for the core to send
     assert not client.is_open
 
 
 def test_a_certificate_for_another_name_is_a_protocol_error_that_says_so(trusted):
-    """Without the name: the core says the names dialled, scrubbed unless --no-safe-logging."""
+    """A sentence (newcomer-4 D6: "servername=." read as broken), without the names:
+    the core says the names dialled, scrubbed unless --no-safe-logging, and the
+    certificate's names point at the bridge's site as much."""
     client_config, server_config = tls_configs(trusted, servername="other.test")
     client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
-    with pytest.raises(webtunnel.ProtocolError,
-                       match=r"certificate did not verify for the servername \(Hostname mismatch") as caught:
+    with pytest.raises(webtunnel.ProtocolError) as caught:
         drive(client, server)
-    assert "other.test" not in str(caught.value)
+    assert str(caught.value) == (
+        "TLS: the web server's certificate is not valid for the name in servername= (or, "
+        "without it, url='s host): check that name, and that the web server serves the "
+        "certificate of that site")
+    assert "other.test" not in str(caught.value) and "wt.test" not in str(caught.value)
 
 
 def test_tls_client_against_a_plain_server(trusted):
@@ -504,8 +530,9 @@ def test_plain_client_against_a_tls_server(ca):
 
 # --- The server: only our upgrade gets a 101 ----------------------------------------------
 
-def plain_server():
-    return WebTunnel(False, WebTunnel.server_config({"url": URL}, None)[0])
+def plain_server(url=URL):
+    config = WebTunnel.server_config({"url": url}, None)[0]
+    return WebTunnel(False, replace(config, clock=lambda: CLOCK))
 
 
 def refused(request, split=whole):
@@ -521,7 +548,6 @@ def refused(request, split=whole):
 
 @pytest.mark.parametrize("request_bytes", [
     REQUEST.replace(b"/k7Qm2Zx1c1b00b6", b"/k7Qm2Zx1c1b00b7"),
-    REQUEST.replace(b"/k7Qm2Zx1c1b00b6", b"/"),
     REQUEST.replace(b"/k7Qm2Zx1c1b00b6", b"/k7Qm2Zx1c1b00b6/"),
     REQUEST.replace(b"Upgrade: websocket\r\n", b""),
     REQUEST.replace(b"Connection: upgrade\r\n", b""),
@@ -529,7 +555,7 @@ def refused(request, split=whole):
     REQUEST.replace(b"Upgrade: websocket", b"Upgrade: h2c"),
     REQUEST.replace(b"GET", b"POST"),
     REQUEST.replace(b"HTTP/1.1", b"HTTP/1.0"),
-], ids=["wrong-path", "root", "trailing-slash", "no-upgrade", "no-connection", "keep-alive",
+], ids=["wrong-path", "trailing-slash", "no-upgrade", "no-connection", "keep-alive",
         "h2c", "post", "http10"])
 def test_server_answers_404_to_anything_but_our_upgrade(request_bytes):
     for split in (whole, bytewise):
@@ -582,7 +608,7 @@ def test_random_bytes_never_get_a_101(junk):
 
 def test_tls_server_404_is_encrypted_and_ends_with_close_notify(ca):
     _, config = tls_configs(ca)
-    server = WebTunnel(False, config)
+    server = WebTunnel(False, replace(config, clock=lambda: CLOCK))
     raw = raw_client(ca)
     to_server, seen = raw.hello(), bytearray()
     with pytest.raises(webtunnel.ProtocolError) as caught:
@@ -750,7 +776,7 @@ def test_unknown_and_bad_client_arguments():
         WebTunnel.client_config({"url": URL, "frobnicate": "1"})
     with pytest.raises(ValueError, match="url="):
         WebTunnel.client_config({})
-    with pytest.raises(ValueError, match="url=ftp://wt.test/p"):
+    with pytest.raises(ValueError, match="url=: the scheme must be https .*'ftp'"):
         WebTunnel.client_config({"url": "ftp://wt.test/p"})
     with pytest.raises(ValueError, match="url="):
         WebTunnel.client_config({"url": "https://wt.test:port/p"})
@@ -804,3 +830,263 @@ def test_contract_attributes():
     assert WebTunnel.ProtocolError is webtunnel.ProtocolError
     config, _ = WebTunnel.server_config({"url": URL}, None)
     assert config.context is None and config.notes == ()
+
+
+# --- webtunnel-4's findings (issue 26) -------------------------------------------------
+
+BRIDGE_URL = "https://wt.test/bridge/k7Qm2Zx1c1b00b6"
+
+
+@pytest.mark.parametrize("url, path", [
+    (URL, "/k7Qm2Zx1c1b00b6"),                  # the README's (and upstream's) nginx block
+    (URL, "/"),                                 # location = /k7Qm... { proxy_pass http://H:P/; }
+    (URL, "/%6B7Qm2Zx1c1b00b6"),                # as nginx passes what a client escaped
+    (URL, "//k7Qm2Zx1c1b00b6"),
+    (URL, "/x/../k7Qm2Zx1c1b00b6"),
+    (BRIDGE_URL, "/bridge/k7Qm2Zx1c1b00b6"),
+    (BRIDGE_URL, "/k7Qm2Zx1c1b00b6"),           # location /bridge/ { proxy_pass http://H:P/; }
+    (BRIDGE_URL, "/"),
+])
+def test_server_serves_a_proxy_that_cuts_a_leading_part_of_the_path(url, path):
+    """Finding 3: the upstream server checks no path, so fronts that cut the path (a
+    trailing-slash proxy_pass, a prefix location, Apache's ProxyPass to ws://H:P/,
+    Caddy's handle_path) worked with it and got every client a 404 from ours."""
+    server = plain_server(url)
+    request = REQUEST.replace(b"/k7Qm2Zx1c1b00b6", path.encode())
+    assert server.receive(request + b"stream") == b"stream" and server.is_open
+    assert server.data_to_send() == SWITCHING
+
+
+@pytest.mark.parametrize("url, path", [
+    (URL, "/ws"),                               # a rewrite to another path
+    (URL, "/k7Qm2Zx1c1b00b6/x"),
+    (URL, "/k7Qm2Zx1c1b00b7"),
+    (BRIDGE_URL, "/other/k7Qm2Zx1c1b00b6"),
+    (BRIDGE_URL, "/bridge"),
+])
+def test_server_log_says_what_path_did_not_match_without_quoting_it(url, path):
+    error = refused(REQUEST.replace(b"/k7Qm2Zx1c1b00b6", path.encode()))
+    assert error.reply == NOT_FOUND
+    message = str(error)
+    assert "the path is not url='s" in message
+    assert "%d bytes in %d segment(s) arrived" % (len(path), len([p for p in path.split("/") if p]))
+    assert "k7Qm2Zx1c1b00b" not in message and path not in message   # url='s path is the secret
+
+
+@pytest.mark.parametrize("fields, why", [
+    (b"User-Agent: x\r\n", "no Host field"),
+    (b"Host: wt.test\r\nHost: other.test\r\n", "2 Host fields"),
+    (b"Host: wt.test\r\nContent-Length: 0\r\nContent-Length: 0\r\n", "2 Content-Length fields"),
+    (b"Host: wt.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+     "both Content-Length and Transfer-Encoding"),
+])
+def test_server_refuses_heads_rfc_9112_refuses(fields, why):
+    """Finding 8: nginx answers these 400; so do we (we used to answer 101)."""
+    request = (b"GET /k7Qm2Zx1c1b00b6 HTTP/1.1\r\n" + fields +
+               b"Connection: upgrade\r\nUpgrade: websocket\r\n\r\n")
+    for split in (whole, bytewise):
+        error = refused(request, split)
+        assert error.reply.startswith(BAD_REQUEST_HEAD)
+        assert str(error) == "a malformed request (%s): answered 400" % why
+
+
+def test_an_http_10_request_needs_no_host():
+    error = refused(b"GET /k7Qm2Zx1c1b00b6 HTTP/1.0\r\n\r\n")
+    assert error.reply == NOT_FOUND and "not GET HTTP/1.1" in str(error)
+
+
+def test_a_tls_client_hello_on_the_plain_port_says_so():
+    """newcomer-4 D4: nginx's proxy_pass https:// to our plain-HTTP port."""
+    client = WebTunnel(True, WebTunnel.client_config({"url": URL}))
+    error = refused(client.start())
+    assert error.reply.startswith(BAD_REQUEST_HEAD)
+    assert "the web server speaks https:// to this plain-HTTP port" in str(error)
+
+
+@pytest.mark.parametrize("shape", ["long first line", "long header"])
+def test_a_head_fed_one_byte_at_a_time_costs_linear_work(monkeypatch, shape):
+    """Finding 11: the head scan resumed where it stopped. Counted, not timed: the
+    bytes the two scanners are asked to look at, fed whole and a byte at a time."""
+    work = [0]
+    for name, where in (("first_line", 2), ("split_head", 1)):     # the start argument
+        real = getattr(webtunnel, name)
+
+        def counted(buffer, *args, real=real, where=where):
+            start = args[where - 1] if len(args) >= where else 0
+            work[0] += len(buffer) - start
+            return real(buffer, *args)
+        monkeypatch.setattr(webtunnel, name, counted)
+    if shape == "long first line":
+        head = REQUEST.replace(b"/k7Qm2Zx1c1b00b6", b"/k7Qm2Zx1c1b00b6?" + b"q" * 12000)
+    else:
+        head = REQUEST[:-2] + b"X-Filler: " + b"a" * 12000 + b"\r\n\r\n"
+    counts = []
+    for split in (whole, bytewise):
+        work[0] = 0
+        server = plain_server()
+        for piece in split(head):
+            server.receive(piece)
+        assert server.is_open
+        counts.append(work[0])
+    assert counts[1] <= 4 * len(head), (counts, len(head))     # quadratic: ~len(head)**2 / 2
+
+
+def test_a_head_is_read_the_same_whatever_the_split_after_the_resumed_scan():
+    head = REQUEST[:-2] + b"X-A: 1\r\n\r\nstream"
+    for split in (whole, bytewise, random_splits(3), random_splits(4)):
+        server = plain_server()
+        got = b"".join(server.receive(piece) for piece in split(head))
+        assert got == b"stream" and server.is_open
+
+
+def test_receive_eof_fails_a_tls_stream_cut_without_close_notify(ca):
+    """Finding 10: a FIN without close_notify is a cut, not an end."""
+    client, server = tls_pair(ca)
+    assert client.receive(server.send(b"data")) == b"data"
+    with pytest.raises(webtunnel.ProtocolError, match="without close_notify"):
+        client.receive_eof()
+    client, server = tls_pair(ca)
+    client.receive(server.send(b"data") + server.end())
+    assert client.peer_ended and client.receive_eof() is None     # a clean end
+    plain_client_side, _ = plain_configs()
+    assert WebTunnel(True, plain_client_side).receive_eof() is None   # no TLS: the FIN says it all
+
+
+def relay_over_sockets(ours):
+    """``ours`` (an open transport) in a Relay between two socket pairs; returns
+    (application end, wire end, pump, ends) where ``ends`` gets the relay's end."""
+    app, app_far = socket.socketpair()
+    wire, wire_far = socket.socketpair()
+    ends = queue.Queue()
+    pump = relay.Pump()
+    pump.add(relay.Relay(app_far, wire_far, ours), ends.put)
+    for sock in (app, wire):
+        sock.settimeout(20)
+    return app, wire, pump, ends, (app, app_far, wire, wire_far)
+
+
+def test_close_notify_without_fin_ends_the_direction_at_once(ca):
+    """Finding 6: the application saw EOF only with the FIN (5 s later in the report)."""
+    client, server = tls_pair(ca)
+    app, wire, pump, ends, sockets = relay_over_sockets(client)
+    try:
+        wire.sendall(server.send(b"last words") + server.end())      # no FIN after it
+        got = b""
+        while True:
+            piece = app.recv(65536)      # the socket's timeout fails the test, never a pass
+            if not piece:
+                break
+            got += piece
+        assert got == b"last words"
+        app.sendall(b"our direction still flows")
+        assert server.receive(wire.recv(65536)) == b"our direction still flows"
+    finally:
+        pump.stop(abort=True)
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_fin_without_close_notify_ends_the_relay_with_a_protocol_error(ca):
+    client, server = tls_pair(ca)
+    app, wire, pump, ends, sockets = relay_over_sockets(client)
+    try:
+        record = server.send(b"half a record")
+        wire.sendall(record[:len(record) // 2])
+        wire.shutdown(socket.SHUT_WR)
+        error = ends.get(timeout=20)
+        assert isinstance(error, webtunnel.ProtocolError) and "without close_notify" in str(error)
+    finally:
+        pump.stop(abort=True)
+        for sock in sockets:
+            sock.close()
+
+
+def test_unreadable_tls_files_name_the_option_and_the_user(ca, monkeypatch):
+    """newcomer-4 D7: 'Permission denied' alone, for two files. (The tests run as root
+    here, so the refusal is made by open() itself.)"""
+    real_open = open
+
+    def denying(path, *args, **kwargs):
+        if path == ca.key_file:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(webtunnel, "open", denying, raising=False)
+    with pytest.raises(OSError) as caught:
+        WebTunnel.server_config({"url": URL, "tls-cert": ca.cert_file, "tls-key": ca.key_file}, None)
+    message = str(caught.value)
+    assert message.startswith("tls-key=%s: the user this runs as (" % ca.key_file)
+    assert "cannot read it" in message and "tls-cert" not in message
+
+
+def test_url_errors_never_echo_the_url():
+    """review-4 finding 8: url= carries the secret path."""
+    for url in ("ftp://wt.test/SECRETPATH", "https://wt.test:port/SECRETPATH",
+                "https:///SECRETPATH", "https://wt.test x/SECRETPATH", "https://wt.test\\@evil/SECRETPATH"):
+        with pytest.raises(ValueError) as caught:
+            WebTunnel.client_config({"url": url})
+        assert "SECRETPATH" not in str(caught.value) and "url=" in str(caught.value), url
+    client = plain_client()
+    with pytest.raises(webtunnel.ProtocolError) as caught:
+        client.receive(b"HTTP/1.1 301 Moved\r\nLocation: https://wt.test/k7Qm2Zx1c1b00b6/\r\n\r\n")
+    assert "k7Qm2Zx1c1b00b6" not in str(caught.value)
+    assert "to https://, the same host, another path" in str(caught.value)
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1:\u0661\u0660\u0665\u0660", "127.0.0.1:\u00b2"])
+def test_addr_takes_ascii_digits_only_by_outbound_s_parser(addr):
+    """review-4 finding 9: isdigit() took other scripts' digits (port 1050) and '²'."""
+    with pytest.raises(ValueError) as caught:
+        WebTunnel.client_config({"url": URL, "addr": addr})
+    assert str(caught.value).startswith("addr= must be HOST:PORT") and "127.0.0.1" not in str(caught.value)
+
+
+def test_a_tls_front_closes_an_idle_connection_when_nginx_would(ca):
+    """Finding 5: 30 s (the core's handshake deadline) where nginx waits 60 s
+    (client_header_timeout); behind a front the core's deadline stays."""
+    assert WebTunnel(False, tls_configs(ca)[1]).handshake_timeout == 60
+    assert getattr(plain_server(), "handshake_timeout", None) is None
+    assert getattr(WebTunnel(True, tls_configs(ca)[0]), "handshake_timeout", None) is None
+
+
+def test_502_advice_names_https_to_the_plain_port():
+    client = plain_client()
+    with pytest.raises(webtunnel.ProtocolError) as caught:
+        client.receive(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")
+    assert "is the bridge running" in str(caught.value) and "http://" in str(caught.value)
+
+
+def tcp_pair():
+    """(accepted end, application end) of a loopback TCP connection."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        app = socket.create_connection(listener.getsockname())
+        conn, _ = listener.accept()
+    return conn, app
+
+
+def test_a_connection_the_application_already_closed_dials_nothing():
+    """Finding 9: a --bridge client's bare connect-and-close (or RST) cost a TLS
+    handshake, an upgrade and a connection to Tor's ORPort; now nothing is dialled
+    (settings=None: any dial would fail with an AttributeError, not PeerClosed)."""
+    import proxy
+    for closing in ("fin", "rst"):
+        conn, app = tcp_pair()
+        if closing == "rst":
+            app.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        app.close()
+        conn.settimeout(20)
+        if closing == "fin":
+            assert conn.recv(1, socket.MSG_PEEK) == b""     # the FIN has arrived (loopback: the RST at once)
+        with pytest.raises(proxy.PeerClosed, match="nothing dialled"):
+            proxy.handle_fixed_client(conn, None, None)
+        conn.close()
+    conn, app = tcp_pair()
+    assert not proxy.application_gone(conn)           # silent, still open: dial as before
+    app.sendall(b"x")
+    app.close()
+    conn.settimeout(20)
+    assert conn.recv(1, socket.MSG_PEEK) == b"x"
+    assert not proxy.application_gone(conn)           # data first: it is a real tunnel
+    assert conn.recv(1) == b"x"                       # peeked, not taken
+    conn.close()
