@@ -140,6 +140,8 @@ from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 from urllib.parse import quote, unquote, urlsplit
 
+import browser_tls
+
 VERSION = "0.0.2"                 # what the upstream server announces as ver=
 MAX_HEAD = 16 * 1024              # a request or response head, terminator included
 SYNTHETIC_PREFIX = bytes.fromhex("20010db8")   # 2001:db8::/32, the documentation range
@@ -300,6 +302,58 @@ def default_client_context():
     return context
 
 
+def client_context(utls=None):
+    """(context, note or None): the TLS context whose ClientHello the client sends, for
+    lyrebird's ``utls=`` (None: not given), and a note when it is not what was asked.
+
+    The browser route (``browser_tls``: curl_cffi, when its self-test passed) sends
+    Chrome's WebSocket hello by default and for ``utls=hellochrome_*``, Firefox's for
+    ``utls=hellofirefox_*``; ``utls=none`` (and ``hellogolang``), or no browser
+    route, is Python's ``ssl`` (OpenSSL's hello, no browser's). Randomized, Safari,
+    iOS and other uTLS hellos are not offered: Chrome's is sent, and the note says so.
+    """
+    asked = None if utls is None else (utls or "hellorandomizednoalpn")
+    kind = (asked or "").lower()
+    if kind in ("none", "hellogolang"):
+        return default_client_context(), (
+            "utls=%s: our TLS ClientHello is Python's OpenSSL one (%s), not Go's crypto/tls one; "
+            "neither is a browser's" % (asked, ssl.OPENSSL_VERSION))
+    available, why = browser_tls.route()
+    if not available:
+        if asked is None:
+            return default_client_context(), None
+        return default_client_context(), (
+            "utls=%s: our TLS ClientHello is Python's OpenSSL one (%s), not the uTLS fingerprint "
+            "asked for, so a censor with a TLS-fingerprint list can tell it from a browser (a "
+            "browser's hello needs curl_cffi: %s)" % (asked, ssl.OPENSSL_VERSION, why))
+    family = "firefox" if kind.startswith("hellofirefox") else "chrome"
+    context = browser_tls.context(family)
+    note = None
+    if asked is not None and not kind.startswith(("hellochrome", "hellofirefox")):
+        note = ("utls=%s is not offered here (randomized, Safari, iOS and custom hellos are not): "
+                "sending %s (%s) instead" % (asked, context.hello, context.target))
+    elif kind not in ("", "hellochrome_auto", "hellofirefox_auto"):
+        note = ("utls=%s: sending %s (%s); other versions are not offered"
+                % (asked, context.hello, context.target))
+    return context, note
+
+
+def hello_route():
+    """What the client's ClientHello is in this process, and why (the route report)."""
+    available, why = browser_tls.route()
+    if available:
+        context = browser_tls.context()
+        return "%s through curl (%s, JA4 %s; %s)" % (context.hello, context.target, context.ja4, why)
+    words = "Python's OpenSSL hello (%s" % ssl.OPENSSL_VERSION
+    try:
+        import tlswire
+        hello = tlswire.hello(browser_tls.first_flight(default_client_context(), "www.example.com"))
+        words += ", JA4 %s" % tlswire.ja4(hello)
+    except ImportError:
+        pass
+    return words + "; no browser's): " + why
+
+
 @dataclass
 class ClientConfig:
     """What one client connection (one route) needs. ``routes()`` gives copies whose
@@ -312,7 +366,9 @@ class ClientConfig:
     host: str                         # the Host header
     servernames: Tuple[str, ...]      # SNI candidates, in order (https only)
     servername: Optional[str]         # this route's SNI
-    context: Optional[ssl.SSLContext]   # None for http; tests may replace it
+    # None for http; an ssl.SSLContext, or a browser_tls.BrowserContext (the same
+    # wrap_bio) on the browser route (client_context); tests may replace it
+    context: object
     notes: Tuple[str, ...] = ()
 
 
@@ -357,13 +413,11 @@ def client_config(options):
             raise ValueError("servername=%s: %r is not a host name" % (options["servername"], name))
     if not tls and "servername" in options:
         notes.append("servername= has no effect with an http:// url= (no TLS, no SNI)")
-    if "utls" in options:
-        asked = options["utls"] or "hellorandomizednoalpn"
-        wanted = ("Go's crypto/tls one" if asked.lower() == "none"
-                  else "the uTLS fingerprint asked for (utls=%s)" % asked)
-        notes.append("utls=%s: our TLS ClientHello is Python's OpenSSL one (%s), not %s, so a "
-                     "censor with a TLS-fingerprint list can tell it from a browser"
-                     % (asked, ssl.OPENSSL_VERSION, wanted))
+    context = None
+    if tls:
+        context, note = client_context(options.get("utls"))
+        if note:
+            notes.append(note)
     if "addr" in options:
         address = parse_addr(options["addr"])
     else:
@@ -371,8 +425,7 @@ def client_config(options):
     return ClientConfig(url=url, tls=tls, address=address, target=request_target(url),
                         host=host_header(url), servernames=names if tls else (),
                         servername=names[0] if tls else None,
-                        context=default_client_context() if tls else None,
-                        notes=tuple(notes))
+                        context=context, notes=tuple(notes))
 
 
 def server_config(options, state_dir=None):
@@ -528,6 +581,11 @@ class WebTunnel:
     @classmethod
     def client_config(cls, options):
         return client_config(options)
+
+    @classmethod
+    def crypto_routes(cls):
+        """The route report: which ClientHello the client sends, and why."""
+        return {"webtunnel client hello": hello_route()}, []
 
     @classmethod
     def server_config(cls, options, state_dir=None):
