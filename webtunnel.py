@@ -26,8 +26,10 @@ The client, step by step (``initiator=True``)
    ``routes()``: one route per ``servername=`` candidate, tried in turn.
 2. ``https``: TLS with SNI = ``servername`` (default: the URL's host), the
    certificate verified against the system roots (``SSL_CERT_FILE`` replaces
-   them), ALPN ``http/1.1``. ``start()`` is the ClientHello. ``http``: no TLS,
-   and ``start()`` is already step 3's request.
+   them), ALPN ``http/1.1``. ``start()`` is the ClientHello: Chrome's WebSocket
+   hello when the browser route runs (``browser_tls``, curl_cffi), else Python
+   ``ssl``'s (``client_context``). ``http``: no TLS, and ``start()`` is already
+   step 3's request.
 3. Once TLS is up, the request, exactly as lyrebird's Go client writes it (Go's
    ``net/http`` puts Host, then User-Agent, then the other headers sorted)::
 
@@ -88,7 +90,8 @@ the request, the 101          ``upgrade_request(config)``, ``SWITCHING_PROTOCOLS
 head limit                    ``MAX_HEAD`` = 16 KiB, terminator included
 synthetic address             ``synthetic_address(url)``, ``WebTunnel.public_address``
 X-Forwarded-For               ``WebTunnel.peer_address``, port ``FORWARDED_PORT``
-TLS as bytes                  ``ssl.SSLObject`` over two ``ssl.MemoryBIO`` (``_tls``)
+TLS as bytes                  ``ssl.SSLObject`` over two ``ssl.MemoryBIO`` (``_tls``), or
+                              ``browser_tls.BrowserTLS`` (curl, the same calls)
 close_notify                  ``WebTunnel.end()``
 ============================  =====================================================
 
@@ -119,10 +122,15 @@ is b"": the FIN says it all.
 What a censor still sees
 ------------------------
 * The SNI (``servername``) in clear, the certificate, and the server's address.
-* The TLS ClientHello: this is Python's OpenSSL (``ssl.OPENSSL_VERSION``) with
-  its own cipher and extension lists and no GREASE, a JA3/JA4 fingerprint that
-  tells it from every browser and from lyrebird's uTLS. ``utls=`` cannot change
-  that here; the config says so in ``notes``.
+* The TLS ClientHello. On the browser route (curl_cffi installed and its
+  self-test passed: ``browser_tls``) it is Chrome's when it opens a ``wss://``
+  WebSocket, JA4 ``t13d1515h1_8daaf6152771_0a20fe35d3a5`` (``utls=hellofirefox_*``:
+  Firefox's), always a full handshake (no resumption) and no close_notify at
+  the end. Otherwise it is Python's OpenSSL hello (``ssl.OPENSSL_VERSION``, JA4
+  ``t13d1812h1_85036bcba153_d41ae481755e`` with OpenSSL 3.0): its own cipher and
+  extension lists and no GREASE, which tells it from every browser and from
+  lyrebird's uTLS. The start-up log says which (``hello_route``); a ``utls=``
+  we cannot honour is said in ``notes``.
 * TLS-in-TLS: Tor's inner TLS handshake shows through as record sizes and a
   burst pattern; a long-lived connection to a web server with Tor's traffic shape.
 * What does not show: the path, the Upgrade exchange and every byte after them

@@ -38,6 +38,8 @@ end each is stopped the way it expects (ours: SIGTERM; obfs4proxy: its stdin is 
                      the README's) --> python obfsproxy.py server (plain HTTP) --> sink; the
                      client trusts a test CA (tests/testca.py) through SSL_CERT_FILE
     ours-webtunnel-tls  the same without nginx: our server terminates TLS itself (tls-cert=)
+    ours-webtunnel-pyssl  ours-webtunnel with OBFSPROXY_HELLO=python: the client on Python's
+                     ssl (ours-webtunnel runs the browser route, curl_cffi, when it is installed)
     nginx-upgrade    the ceiling of ours-webtunnel: nginx alone, same configuration. The
                      generator speaks TLS and the upgrade to nginx itself, and the sink
                      answers the 101. nginx-light has no stream module (Debian ships it in
@@ -892,19 +894,23 @@ SETUPS["ours-obfs4-portable"] = ("ours", "ours", "obfs4")
 # webtunnel, only when named: ours through nginx, ours terminating TLS, and nginx alone.
 SETUPS.update({"ours-webtunnel": ("ours", "ours", "webtunnel"),
                "ours-webtunnel-tls": ("ours", "ours", "webtunnel"),
+               "ours-webtunnel-pyssl": ("ours", "ours", "webtunnel"),
                "nginx-upgrade": ("nginx", "nginx", None)})
 WEBTUNNEL_PATH = "/bench-k7Qm2Zx1c1b00b6"
 WEBTUNNEL_NAME = "wt.test"        # the test CA's leaf (tests/testca.py)
 DEFAULT_SETUPS = ["ours-obfs2", "o4p-obfs2", "ours-obfs3", "o4p-obfs3", "ours-obfs4", "ours-obfs4-portable",
                   "o4p-obfs4", "ours-dummy", "direct"]
 CRYPTO_ENV = "OBFSPROXY_CRYPTO"     # obfs4_crypto: "portable" ignores PyNaCl
+HELLO_ENV = "OBFSPROXY_HELLO"       # browser_tls: "python" ignores curl_cffi
 
 
 def ours_environment(name):
     """The environment of our processes for setup ``name``: OBFSPROXY_POOL_SIZE=0 for
     -nopool; OBFSPROXY_CRYPTO=portable for -portable, and no OBFSPROXY_CRYPTO at all
     otherwise (so that "ours-obfs4" runs PyNaCl whenever it is installed)."""
-    env = {key: value for key, value in os.environ.items() if key != CRYPTO_ENV}
+    env = {key: value for key, value in os.environ.items() if key not in (CRYPTO_ENV, HELLO_ENV)}
+    if name.endswith("-pyssl"):
+        env[HELLO_ENV] = "python"
     if name.endswith("-nopool"):
         env["OBFSPROXY_POOL_SIZE"] = "0"
     if name.endswith("-portable"):
@@ -946,7 +952,7 @@ def start_webtunnel(options, name, sink, directory):
     try:
         started.append(start_ours(options.obfsproxy, "server", "webtunnel", sink,
                                   ["--transport-options=" + server_options], env=env))
-        if name == "ours-webtunnel":
+        if name != "ours-webtunnel-tls":
             front = start_nginx(directory, started[0].address, ca)
             dial = front.address
         else:
@@ -1393,7 +1399,7 @@ def ratio_table(name, transport, results, options, ceiling):
                   "ratio", "needed", "result"], rows)
 
 
-WEBTUNNEL_SETUPS = ("ours-webtunnel", "ours-webtunnel-tls", "nginx-upgrade")
+WEBTUNNEL_SETUPS = ("ours-webtunnel", "ours-webtunnel-pyssl", "ours-webtunnel-tls", "nginx-upgrade")
 
 
 def nginx_stream_module():
