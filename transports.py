@@ -117,6 +117,13 @@ TLS inside a transport stays sans-IO: ``ssl.SSLContext.wrap_bio`` over two
 (``incoming.write``) and hands back ours (``outgoing.read``), the way wsproto
 composes h11: ``start()`` returns the ClientHello, ``receive()`` feeds records
 in, and ``data_to_send()`` drains what the TLS layer owes (webtunnel.py).
+A TLS stack that insists on a socket of its own (curl, for a browser's
+ClientHello: browser_tls.py) is given one end of a ``socketpair()``, and the
+transport moves the records between the other end and these same calls: the
+connection still belongs to the core, the relay still sees bytes, and its
+backpressure and fairness rules hold as for every transport. The cost is two
+descriptors per tunnel, and a lock around the TLS stack's calls when one of its
+objects is shared between tunnels (browser_tls shares one CA store).
 
 What this seam does not serve: a transport that needs several connections
 for one tunnel, or that must send on a timer of its own with no application

@@ -26,8 +26,10 @@ The client, step by step (``initiator=True``)
    ``routes()``: one route per ``servername=`` candidate, tried in turn.
 2. ``https``: TLS with SNI = ``servername`` (default: the URL's host), the
    certificate verified against the system roots (``SSL_CERT_FILE`` replaces
-   them), ALPN ``http/1.1``. ``start()`` is the ClientHello. ``http``: no TLS,
-   and ``start()`` is already step 3's request.
+   them), ALPN ``http/1.1``. ``start()`` is the ClientHello: Chrome's WebSocket
+   hello when the browser route runs (``browser_tls``, curl_cffi), else Python
+   ``ssl``'s (``client_context``). ``http``: no TLS, and ``start()`` is already
+   step 3's request.
 3. Once TLS is up, the request, exactly as lyrebird's Go client writes it (Go's
    ``net/http`` puts Host, then User-Agent, then the other headers sorted)::
 
@@ -88,7 +90,8 @@ the request, the 101          ``upgrade_request(config)``, ``SWITCHING_PROTOCOLS
 head limit                    ``MAX_HEAD`` = 16 KiB, terminator included
 synthetic address             ``synthetic_address(url)``, ``WebTunnel.public_address``
 X-Forwarded-For               ``WebTunnel.peer_address``, port ``FORWARDED_PORT``
-TLS as bytes                  ``ssl.SSLObject`` over two ``ssl.MemoryBIO`` (``_tls``)
+TLS as bytes                  ``ssl.SSLObject`` over two ``ssl.MemoryBIO`` (``_tls``), or
+                              ``browser_tls.BrowserTLS`` (curl, the same calls)
 close_notify                  ``WebTunnel.end()``
 ============================  =====================================================
 
@@ -119,10 +122,15 @@ is b"": the FIN says it all.
 What a censor still sees
 ------------------------
 * The SNI (``servername``) in clear, the certificate, and the server's address.
-* The TLS ClientHello: this is Python's OpenSSL (``ssl.OPENSSL_VERSION``) with
-  its own cipher and extension lists and no GREASE, a JA3/JA4 fingerprint that
-  tells it from every browser and from lyrebird's uTLS. ``utls=`` cannot change
-  that here; the config says so in ``notes``.
+* The TLS ClientHello. On the browser route (curl_cffi installed and its
+  self-test passed: ``browser_tls``) it is Chrome's when it opens a ``wss://``
+  WebSocket, JA4 ``t13d1515h1_8daaf6152771_0a20fe35d3a5`` (``utls=hellofirefox_*``:
+  Firefox's), always a full handshake (no resumption) and no close_notify at
+  the end. Otherwise it is Python's OpenSSL hello (``ssl.OPENSSL_VERSION``, JA4
+  ``t13d1812h1_85036bcba153_d41ae481755e`` with OpenSSL 3.0): its own cipher and
+  extension lists and no GREASE, which tells it from every browser and from
+  lyrebird's uTLS. The start-up log says which (``hello_route``); a ``utls=``
+  we cannot honour is said in ``notes``.
 * TLS-in-TLS: Tor's inner TLS handshake shows through as record sizes and a
   burst pattern; a long-lived connection to a web server with Tor's traffic shape.
 * What does not show: the path, the Upgrade exchange and every byte after them
@@ -142,7 +150,9 @@ from email.utils import formatdate
 from typing import Callable, Optional, Tuple
 from urllib.parse import quote, unquote, urlsplit
 
-import outbound
+import addresses
+import browser_tls
+import tlswire
 
 VERSION = "0.0.2"                 # what the upstream server announces as ver=
 MAX_HEAD = 16 * 1024              # a request or response head, terminator included
@@ -282,10 +292,10 @@ def synthetic_address(url):
 
 def parse_addr(text):
     """``HOST:PORT`` or ``[IPv6]:PORT`` -> (host, port), by the one address parser
-    (``outbound.parse_address``); ValueError names addr= (the address, which logs
+    (``addresses.parse_address``); ValueError names addr= (the address, which logs
     scrub, is not repeated)."""
     try:
-        return outbound.parse_address(text)
+        return addresses.parse_address(text)
     except ValueError as exc:
         raise ValueError("addr= must be HOST:PORT (IPv6: [ADDRESS]:PORT): %s"
                          % str(exc).replace(repr(text), "the value"))
@@ -311,6 +321,53 @@ def default_client_context():
     return context
 
 
+def client_context(utls=None):
+    """(context, note or None): the TLS context whose ClientHello the client sends, for
+    lyrebird's ``utls=`` (None: not given), and a note when it is not what was asked.
+
+    The browser route (``browser_tls``: curl_cffi, when its self-test passed) sends
+    Chrome's WebSocket hello by default and for ``utls=hellochrome_*``, Firefox's for
+    ``utls=hellofirefox_*``; ``utls=none`` (and ``hellogolang``), or no browser
+    route, is Python's ``ssl`` (OpenSSL's hello, no browser's). Randomized, Safari,
+    iOS and other uTLS hellos are not offered: Chrome's is sent, and the note says so.
+    """
+    asked = None if utls is None else (utls or "hellorandomizednoalpn")
+    kind = (asked or "").lower()
+    if kind in ("none", "hellogolang"):
+        return default_client_context(), (
+            "utls=%s: our TLS ClientHello is Python's OpenSSL one (%s), not Go's crypto/tls one; "
+            "neither is a browser's" % (asked, ssl.OPENSSL_VERSION))
+    available, why = browser_tls.route()
+    if not available:
+        if asked is None:
+            return default_client_context(), None
+        return default_client_context(), (
+            "utls=%s: our TLS ClientHello is Python's OpenSSL one (%s), not the uTLS fingerprint "
+            "asked for, so a censor with a TLS-fingerprint list can tell it from a browser (a "
+            "browser's hello needs curl_cffi: %s)" % (asked, ssl.OPENSSL_VERSION, why))
+    family = "firefox" if kind.startswith("hellofirefox") else "chrome"
+    context = browser_tls.context(family)
+    note = None
+    if asked is not None and not kind.startswith(("hellochrome", "hellofirefox")):
+        note = ("utls=%s is not offered here (randomized, Safari, iOS and custom hellos are not): "
+                "sending %s (%s) instead" % (asked, context.hello, context.target))
+    elif kind not in ("", "hellochrome_auto", "hellofirefox_auto"):
+        note = ("utls=%s: sending %s (%s); other versions are not offered"
+                % (asked, context.hello, context.target))
+    return context, note
+
+
+def hello_route():
+    """What the client's ClientHello is in this process, and why (the route report)."""
+    available, why = browser_tls.route()
+    if available:
+        context = browser_tls.context()
+        return "%s through curl (%s, JA4 %s; %s)" % (context.hello, context.target, context.ja4, why)
+    hello = tlswire.hello(browser_tls.first_flight(default_client_context(), "www.example.com"))
+    return "Python's OpenSSL hello (%s, JA4 %s; no browser's): %s" % (
+        ssl.OPENSSL_VERSION, tlswire.ja4(hello), why)
+
+
 @dataclass
 class ClientConfig:
     """What one client connection (one route) needs. ``routes()`` gives copies whose
@@ -323,7 +380,9 @@ class ClientConfig:
     host: str                         # the Host header
     servernames: Tuple[str, ...]      # SNI candidates, in order (https only)
     servername: Optional[str]         # this route's SNI
-    context: Optional[ssl.SSLContext]   # None for http; tests may replace it
+    # None for http; an ssl.SSLContext, or a browser_tls.BrowserContext (the same
+    # wrap_bio) on the browser route (client_context); tests may replace it
+    context: object
     notes: Tuple[str, ...] = ()
 
 
@@ -371,13 +430,11 @@ def client_config(options):
                              % (names.index(name) + 1, len(names)))
     if not tls and "servername" in options:
         notes.append("servername= has no effect with an http:// url= (no TLS, no SNI)")
-    if "utls" in options:
-        asked = options["utls"] or "hellorandomizednoalpn"
-        wanted = ("Go's crypto/tls one" if asked.lower() == "none"
-                  else "the uTLS fingerprint asked for (utls=%s)" % asked)
-        notes.append("utls=%s: our TLS ClientHello is Python's OpenSSL one (%s), not %s, so a "
-                     "censor with a TLS-fingerprint list can tell it from a browser"
-                     % (asked, ssl.OPENSSL_VERSION, wanted))
+    context = None
+    if tls:
+        context, note = client_context(options.get("utls"))
+        if note:
+            notes.append(note)
     if "addr" in options:
         address = parse_addr(options["addr"])
     else:
@@ -385,8 +442,7 @@ def client_config(options):
     return ClientConfig(url=url, tls=tls, address=address, target=request_target(url),
                         host=host_header(url), servernames=names if tls else (),
                         servername=names[0] if tls else None,
-                        context=default_client_context() if tls else None,
-                        notes=tuple(notes))
+                        context=context, notes=tuple(notes))
 
 
 def server_config(options, state_dir=None):
@@ -602,6 +658,11 @@ class WebTunnel:
         return client_config(options)
 
     @classmethod
+    def crypto_routes(cls):
+        """The route report: which ClientHello the client sends, and why."""
+        return {"webtunnel client hello": hello_route()}, []
+
+    @classmethod
     def server_config(cls, options, state_dir=None):
         return server_config(options, state_dir)
 
@@ -713,11 +774,11 @@ class WebTunnel:
         them with --no-safe-logging), and the certificate's names point at the bridge's
         site as much as the servername does. OpenSSL's reason is kept, the name it may
         quote taken out."""
-        if exc.verify_code == X509_V_ERR_HOSTNAME_MISMATCH:
+        if getattr(exc, "verify_code", None) == X509_V_ERR_HOSTNAME_MISMATCH:
             return ("TLS: the web server's certificate is not valid for the name in servername= "
                     "(or, without it, url='s host): check that name, and that the web server "
                     "serves the certificate of that site")
-        reason = str(exc.verify_message or exc.reason or exc)
+        reason = str(getattr(exc, "verify_message", None) or exc.reason or exc)
         name = self.config.servername or ""
         if name:
             reason = reason.replace("'%s'" % name, "that name").replace(name, "that name")

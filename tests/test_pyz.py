@@ -22,9 +22,9 @@ from fake_tor import ManagedPT, client_env
 from peers import Background, Destination, hashing_echo, read_hashing, send_and_shut
 from support import ROOT, Program, fmt, socks5_connect
 
-import demo_webtunnel
 import obfs2
 import transports
+from teaching import demo_webtunnel
 
 MAKE_PYZ = ROOT / "tools" / "make_pyz.py"
 BARE = [sys.executable, "-I", "-S"]        # no site-packages, no PYTHON* variables

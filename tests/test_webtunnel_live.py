@@ -700,8 +700,9 @@ def test_servername_list_tries_the_next_name(parts):
 
 
 def test_utls_is_accepted_with_a_notice_saying_what_the_client_hello_is(parts):
+    """On Python's ssl route (tests/test_browser_hello.py: the browser route's notes)."""
     _, _, url = parts.bridge()
-    client = parts.client("socks", url)
+    client = parts.client("socks", url, env=dict(parts.env(), OBFSPROXY_HELLO="python"))
     with client.connect(client.args(utls="hellochrome_auto")) as sock:
         assert echo_round_trip(sock, b"utls") == b"utls"
     line = client.wait_for(r"\[NOTICE\] webtunnel: utls=hellochrome_auto: .*").group(0)
