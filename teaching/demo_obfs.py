@@ -82,8 +82,9 @@ def walk_obfs2(walk):
     print("  Ciphertext length = plaintext length (%d bytes): obfs2 hides no sizes and no timing."
           % len(c_data))
     if secret_hash is None:
-        print("  Try `python3 obfsproxy.py demo --shared-secret=SECRET` to see what a shared secret "
-              "changes,\n  and `--transport=obfs3` or `--transport=obfs4` for what came after obfs2.")
+        print("  Try `python3 obfsproxy.py demo --transport=obfs2 --shared-secret=SECRET` to see what")
+        print("  a shared secret changes, and `python3 obfsproxy.py demo --transport=obfs3` or")
+        print("  `python3 obfsproxy.py demo --transport=obfs4` for what came after obfs2.")
     else:
         n = iterations
         print("  With a shared secret the seeds alone no longer give the keys. A censor who knows\n"
