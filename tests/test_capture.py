@@ -502,6 +502,33 @@ def test_obfs3_and_obfs4_captures_explain_why_the_attack_fails(tmp_path):
         assert line.group(1) == "flagged" or line.group(2) == "Ex2"    # see the tcpdump test
 
 
+def test_a_copied_recording_keeps_its_hour(tmp_path):
+    """unmask --state-dir matches obfs4's epoch hour E from the time a recording carries
+    (its name), not from the file's modification time: copied to another machine ten
+    days later, with that mtime, it still reads. A file renamed without a time falls
+    back to its mtime, so there the hour is found only while the mtime is near it."""
+    with EchoServer() as echo:
+        record = "--record-dir=" + str(tmp_path / "rec")
+        server, client, state, _ = obfs4_tunnel(tmp_path, echo.address, record)
+        with server, client:
+            assert exchange(client, server, b"copied later") == b"copied later"
+    later = time.time() + 10 * 86400
+    copied, renamed = tmp_path / "copied", tmp_path / "renamed"
+    copied.mkdir()
+    renamed.mkdir()
+    for path in recordings(tmp_path / "rec", "client"):
+        for folder, name in ((copied, path.name), (renamed, "conn" + path.name[path.name.index("."):])):
+            shutil.copy(str(path), str(folder / name))
+            os.utime(str(folder / name), (later, later))
+    status, out = run_capture("unmask", copied, state_dir=state)
+    assert status == 0 and "It is obfs4, to the bridge of --state-dir" in out
+    e = re.search(r'E = "(\d+)"', out).group(1)
+    assert abs(int(e) - time.time() // 3600) <= 1
+    status, out = run_capture("unmask", renamed, state_dir=state)
+    assert "matches no hour within 72 h of the capture" in out
+    assert "It is obfs4, to the bridge of --state-dir" not in out
+
+
 def test_state_dir_must_hold_an_obfs4_state(tmp_path, capsys):
     rec = tmp_path / "x.initiator.bin"
     rec.write_bytes(os.urandom(500))
