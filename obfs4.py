@@ -937,26 +937,19 @@ class Obfs4:
            bytes are left, padBurst them to t; if that took two frames, sample again.
            A sample of 0 is drawn again (obfs4proxy panics there, erratum 14).
 
-        The bound on mode 2's work (stress-3 fuzz finding 1). With r bytes left and
-        1 <= t - r <= 21, padBurst's two-frame quirk adds 1448 + (t - r) + 21 bytes and
-        sampling starts again. In a table whose only length v has 1469 mod v in
-        v - 21 .. v - 1 (110 of the 1448 lengths, e.g. 2..21 but 13, 211, 735..745: about
-        one bridge in 1,400) every v-piece leaves 1469 mod v bytes and the quirk comes
-        back forever: the old loop never returned and grew without bound. obfs4proxy has
-        the same loop but writes each piece as it goes, so it streams padding forever
-        instead, and that connection never carries another byte of data.
-        We take at most PACED_QUIRK_LIMIT (32) quirks in one write, none in such a
-        one-length table; at the next one the bytes left and one padding frame (two past
-        1448 bytes) make the fewest whole pieces of the sample t in hand (``_paced_ending``).
-        Every piece is still a table length and the peer decodes the same data; a write
-        is at most its frames + 32 x 1490 + 1468 bytes.
-        Why the bound changes no write that ends today, in practice: until the 33rd quirk
-        the code, its draws and its bytes are the old ones; a one-length table that loops
-        never ends; and the chance of a 33rd quirk is negligible for every table that
-        ends. Computed exactly (a Markov chain over the bytes left, with each table's
-        alias weights) for 20,000 random bridge identities, the worst such table needs
-        more than 32 quirks in 1.3e-14 of its writes (more than 16 in 1.2e-7), the median
-        table in 2e-50; the worst ones mix the looping lengths (87% 245, 13% 295).
+        Why mode 2's work is bounded. With r bytes left and 1 <= t - r <= 21, padBurst's
+        two-frame quirk adds 1448 + (t - r) + 21 bytes and sampling starts again. In a
+        table whose only length v has 1469 mod v in v - 21 .. v - 1 (110 of the 1448
+        lengths, e.g. 2..21 but 13, 211, 735..745: about one bridge in 1,400) every
+        v-piece leaves 1469 mod v bytes and the quirk comes back forever; obfs4proxy,
+        which writes each piece as it goes, then streams padding forever and the
+        connection never carries another byte of data. We take at most
+        PACED_QUIRK_LIMIT (32) quirks in one write, none in such a one-length table; at
+        the next one the bytes left and one padding frame (two past 1448 bytes) make the
+        fewest whole pieces of the sample t in hand (``_paced_ending``). Every piece is
+        still a table length and the peer decodes the same data; a write is at most its
+        frames + 32 x 1490 + 1468 bytes. Until the limit, the draws and the bytes are
+        obfs4proxy's; how rarely a table that ends reaches it is in docs/PROTOCOL.md 14.4.
         """
         packets = self._data_packets(plaintext)
         if not packets:

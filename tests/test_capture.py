@@ -476,7 +476,7 @@ def test_obfs3_and_obfs4_captures_explain_why_the_attack_fails(tmp_path):
 
     status, out = run_capture("unmask", *recordings(tmp_path / "rec4", "client"))
     assert status == 0 and "(cannot be found)" in out
-    # Friction 13: a full, correct explanation is a result: exit status 0 from the command line too.
+    # A full, correct explanation is a result: exit status 0 from the command line too.
     status, out, err = run("unmask", *map(str, recordings(tmp_path / "rec4", "client")))
     assert status == 0, err
     assert out.rstrip().endswith("0 of 1 connection(s) unmasked; each of the others says above why it "
@@ -547,7 +547,7 @@ def test_state_dir_must_hold_an_obfs4_state(tmp_path, capsys):
 ])
 def test_unmask_reads_a_state_file_exactly_as_the_server_does(tmp_path, capsys, edit, accepted):
     """One loader for both: a state file the bridge starts with is one unmask reads,
-    and one it refuses, unmask refuses too (they used to disagree on all three)."""
+    and one it refuses, unmask refuses too."""
     import obfs4
     config, _ = obfs4.Obfs4.server_config({}, tmp_path)
     path = tmp_path / "obfs4_state.json"
@@ -1010,7 +1010,7 @@ def test_mangled_captures_never_raise(tmp_path, good_pcap):
 
 
 def test_unmask_exits_1_only_when_there_is_nothing_to_read(tmp_path, capsys):
-    """Friction 13: 0 when every stream was unmasked or explained; 1 when the capture
+    """0 when every stream was unmasked or explained; 1 when the capture
     cannot be read or holds no TCP connection with data."""
     c_wire, s_wire = obfs2_pair(b"hello", b"world")
     (tmp_path / "x.initiator.bin").write_bytes(c_wire)
@@ -1319,7 +1319,7 @@ def test_python_ssl_tls_is_named_by_detect_and_explained_by_unmask(tmp_path):
     assert "0 of 1 stream(s) flagged by the fully-encrypted test; 1 TLS stream(s) exempt" in out
 
     status, out, err = run("unmask", str(folder))
-    assert status == 0, err                             # explained (friction 13)
+    assert status == 0, err                             # explained: a result
     assert "cannot unmask" not in out and "obfs3 (UniformDH)" not in out     # not the generic failure
     assert "TLS (webtunnel looks exactly like this: HTTPS to a web site): the obfs2 attack has" in out
     assert "  initiator: a ClientHello, in clear: SNI wt.test, JA4 %s" % ja4 in out
