@@ -841,14 +841,14 @@ def test_the_commands_a_demo_prints_run_as_printed(tmp_path, transport):
         assert "FAILED" not in done.stdout
 
 
-DOC_PORTS = (8080, 1050, 1051)       # the ports the docs' walks use; free ones here
+DOC_PORTS = (8080, 1050, 1051, 1052, 1053)    # the ports the docs' walks use; free ones here
 
 
 def doc_shell_lines(heading):
-    """The command lines of the ```sh block under ``heading`` in docs/PROTOCOL.md, without
-    their comments."""
+    """The command lines of the first ```sh block after the line that starts with
+    ``heading`` in docs/PROTOCOL.md, without their comments."""
     doc = (ROOT / "docs" / "PROTOCOL.md").read_text(encoding="utf-8")
-    block = re.search(r"^%s\n+```sh\n(.*?)```" % re.escape(heading), doc, re.S | re.M).group(1)
+    block = re.search(r"^%s.*?```sh\n(.*?)```" % re.escape(heading), doc, re.S | re.M).group(1)
     lines = [re.split(r"\s+#", line, maxsplit=1)[0].strip() for line in block.splitlines()]
     return [line for line in lines if line and not line.startswith("#")]
 
@@ -915,20 +915,27 @@ class DocShell:
                 job.wait()
 
 
-def test_section_11_runs_as_printed(tmp_path):
-    """docs/PROTOCOL.md chapter 11, "Try it yourself": every line, in order. The capture
-    with tcpdump needs root (or CAP_NET_RAW): without it the test stops there, skipped."""
-    lines = doc_shell_lines("## 11. Try it yourself")
-    assert "python3 obfsproxy.py demo --transport=obfs2 --shared-secret=s3cret" in lines
+def test_the_docs_walks_run_as_printed(tmp_path):
+    """docs/PROTOCOL.md chapter 11, "Try it yourself", then chapter 15.5's capture of
+    obfs2, obfs4 and plain HTTP, which goes on from it: every line, in order. tcpdump
+    needs root (or CAP_NET_RAW): without it the test stops there, skipped."""
+    chapter_11 = doc_shell_lines("## 11. Try it yourself")
+    chapter_15 = doc_shell_lines("Try it on your own traffic, after chapter 11's walk")
+    assert "python3 obfsproxy.py demo --transport=obfs2 --shared-secret=s3cret" in chapter_11
+    assert "python3 obfsproxy.py unmask --state-dir=state all.pcap" in chapter_15
     shell = DocShell(tmp_path)
     try:
-        for line in lines:
+        for line in chapter_11 + chapter_15:
             if line.startswith("tcpdump") and (os.geteuid() != 0 or not shutil.which("tcpdump")):
-                pytest.skip("chapter 11 ran as printed up to tcpdump, which needs root here")
+                pytest.skip("the docs' walk ran as printed up to tcpdump, which needs root here")
             shell.run(line)
     finally:
         shell.stop()
-    unmasked = shell.outputs["python3 obfsproxy.py unmask rec"][0]
+    out = shell.outputs
+    unmasked = out["python3 obfsproxy.py unmask rec"][0]
     assert "GET / HTTP/1.1" in unmasked and "INIT_SECRET" in unmasked
-    assert "GET / HTTP/1.1" in shell.outputs["python3 obfsproxy.py unmask obfs2.pcap"][0]
-    assert "obfs2" in shell.outputs["python3 obfsproxy.py detect obfs2.pcap"][0]
+    assert "GET / HTTP/1.1" in out["python3 obfsproxy.py unmask obfs2.pcap"][0]
+    assert "obfs2" in out["python3 obfsproxy.py detect obfs2.pcap"][0]
+    assert "GET / HTTP/1.1" in out["python3 obfsproxy.py unmask all.pcap"][0]
+    checked = out["python3 obfsproxy.py unmask --state-dir=state all.pcap"][0]
+    assert "It is obfs4, to the bridge of --state-dir" in checked
