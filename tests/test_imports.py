@@ -113,6 +113,21 @@ def test_the_runtime_importing_teaching_fails(copy, line):
     assert "transports is the runtime but imports teaching." in result.stderr
 
 
+def test_the_readme_file_table_names_every_module_where_it_is():
+    """The README's "How it is built" table: each root module in a runtime row, each
+    teaching module in a row of teaching/."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## How it is built\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    runtime = " ".join(row.split(" | ")[0] for row in rows if "teaching/" not in row)
+    teaching = " ".join(row.split(" | ")[0] for row in rows if "teaching/" in row)
+    for path in ROOT.glob("*.py"):
+        assert "`%s`" % path.name in runtime, path.name
+    for path in (ROOT / "teaching").glob("*.py"):
+        if path.stem != "__init__":
+            assert "%s`" % path.name in teaching and "`%s`" % path.name not in runtime, path.name
+
+
 def test_the_obfs4_protocol_does_no_file_io():
     """obfs4.py names no file API: the bridge's files are obfs4_state's. Of ``os`` it
     uses the CSPRNG only; no open(), no pathlib, json, shutil or tempfile."""
