@@ -400,7 +400,8 @@ def how_it_ends(sock):
                                              ("nginx", "end of stream")])
 def test_application_reset_reaches_the_destination(parts, front, expected):
     """A reset from the application arrives as a reset, end to end; through nginx as an
-    end of stream (nginx closes its other side with a FIN)."""
+    end of stream (nginx closes its other side with a FIN; towards the client, after its
+    close_notify, so that the client cannot tell it from an end: README, Troubleshooting)."""
     watcher = Watcher()
     _, _, url = parts.bridge(watcher, front)
     client = parts.client("socks", url)
