@@ -1090,3 +1090,24 @@ def test_a_connection_the_application_already_closed_dials_nothing():
     assert not proxy.application_gone(conn)           # data first: it is a real tunnel
     assert conn.recv(1) == b"x"                       # peeked, not taken
     conn.close()
+
+
+def test_a_close_notify_glued_to_the_handshake_ends_the_direction_at_start(ca):
+    """Finding 6, when the close_notify came in the same read as the 101 (seen with
+    TLS 1.3): the relay starts with that direction already ended."""
+    client, server = tls_pair(ca)
+    glued = client.receive(server.send(b"last words") + server.end())
+    assert glued == b"last words" and client.peer_ended
+    app, app_far = socket.socketpair()
+    wire, wire_far = socket.socketpair()
+    ends = queue.Queue()
+    pump = relay.Pump()
+    try:
+        pump.add(relay.Relay(app_far, wire_far, client, to_upstream=glued), ends.put)
+        app.settimeout(20)
+        assert app.recv(65536) == b"last words"
+        assert app.recv(65536) == b""                  # the timeout fails the test
+    finally:
+        pump.stop(abort=True)
+        for sock in (app, app_far, wire, wire_far):
+            sock.close()
