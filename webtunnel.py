@@ -773,6 +773,8 @@ class WebTunnel:
         Every decision rests on a prefix of the peer's bytes (the first line, then the
         whole head), so every split of the same bytes ends the same way; each byte is
         scanned a bounded number of times, however the head is split."""
+        if not data and not self.peer_ended:     # a TLS record not whole yet: nothing new
+            return b""
         self._buffer += data
         buffer = self._buffer
         head = None

@@ -903,10 +903,14 @@ def test_a_tls_client_hello_on_the_plain_port_says_so():
     assert "the web server speaks https:// to this plain-HTTP port" in str(error)
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "one TLS record per byte"])
 @pytest.mark.parametrize("shape", ["long first line", "long header"])
-def test_a_head_fed_one_byte_at_a_time_costs_linear_work(monkeypatch, shape):
+def test_a_head_fed_one_byte_at_a_time_costs_linear_work(monkeypatch, ca, shape, tls):
     """Finding 11: the head scan resumed where it stopped. Counted, not timed: the
-    bytes the two scanners are asked to look at, fed whole and a byte at a time."""
+    bytes the two scanners are asked to look at, fed whole and a byte at a time
+    (with TLS: each byte its own record, each record's bytes one at a time; a record
+    not yet whole costs no scan). Measured: 2 to 4 bytes scanned per head byte, against
+    ~len(head) / 2 before."""
     work = [0]
     for name, where in (("first_line", 2), ("split_head", 1)):     # the start argument
         real = getattr(webtunnel, name)
@@ -922,13 +926,26 @@ def test_a_head_fed_one_byte_at_a_time_costs_linear_work(monkeypatch, shape):
         head = REQUEST[:-2] + b"X-Filler: " + b"a" * 12000 + b"\r\n\r\n"
     counts = []
     for split in (whole, bytewise):
+        if tls:
+            server = WebTunnel(False, tls_configs(ca)[1])
+            raw = raw_client(ca)
+            to_server = raw.hello()
+            while not raw.up:
+                server.receive(to_server)
+                raw.feed(server.data_to_send())
+                to_server = raw.out.read()
+            server.receive(to_server)                    # the client's Finished
+            for piece in split(head):                    # whole: one record; else one per byte
+                raw.tls.write(piece)
+            wire = raw.out.read()
+        else:
+            server, wire = plain_server(), head
         work[0] = 0
-        server = plain_server()
-        for piece in split(head):
+        for piece in split(wire):
             server.receive(piece)
         assert server.is_open
         counts.append(work[0])
-    assert counts[1] <= 4 * len(head), (counts, len(head))     # quadratic: ~len(head)**2 / 2
+    assert counts[1] <= 8 * len(head), (counts, len(head))     # quadratic: ~len(head)**2 / 2
 
 
 def test_a_head_is_read_the_same_whatever_the_split_after_the_resumed_scan():
