@@ -588,9 +588,7 @@ def _status_advice(code):
 
 # --- The transport ------------------------------------------------------------------
 
-FRONT_IDLE_TIMEOUT = 60.0     # seconds: nginx's client_header_timeout default
-
-
+FRONT_IDLE_TIMEOUT = 60.0             # seconds: nginx's client_header_timeout default
 X509_V_ERR_HOSTNAME_MISMATCH = 62     # OpenSSL's verify code (x509_vfy.h)
 
 
