@@ -91,6 +91,11 @@ The contract (duck-typed; ``Dummy`` below is the smallest example)::
                                           # (webtunnel behind a reverse proxy: X-Forwarded-For)
         def end(self) -> bytes            # what follows the application's last byte, before
                                           # the FIN (TLS close_notify); default b""
+        peer_ended: bool                  # the peer ended its direction inside the stream (its
+                                          # close_notify): the relay ends it without the FIN
+        def receive_eof(self)             # the peer's FIN came: may raise ProtocolError (a TLS
+                                          # stream cut without close_notify), so the
+                                          # application gets a reset; default: a clean end
         # where ciphertext length == plaintext length (dummy, obfs2, obfs3, plain webtunnel):
         def send_in_place(self, buffer) -> bool     # transform a writable memoryview where it
         def receive_in_place(self, buffer) -> bool  # lies and return True, or return False,

@@ -55,10 +55,15 @@ The server, step by step (``initiator=False``)
    ``tls-key=`` it terminates TLS itself: it is then the front, facing clients.
 2. Read the request head (at most ``MAX_HEAD`` bytes); bytes after it are
    stream bytes.
-3. Require method ``GET``, ``HTTP/1.1``, the exact path of ``url=`` (a query
-   string is ignored), a ``Connection`` list holding ``upgrade`` and an
-   ``Upgrade`` list holding ``websocket``. The upstream Go server checks only the
-   two headers and leaves the path to the proxy; checking it here costs nothing.
+3. Refuse (400) what RFC 9112 refuses: an HTTP/1.1 request without exactly one
+   ``Host``, several ``Content-Length`` fields, ``Content-Length`` with
+   ``Transfer-Encoding``. Then require method ``GET``, ``HTTP/1.1``, the path of
+   ``url=`` as a reverse proxy passes it on (``path_matches``: unchanged, or with a
+   leading part cut off at a "/", down to "/"; percent-escapes, "//" and dot
+   segments read as nginx reads them; a query string is ignored), a ``Connection``
+   list holding ``upgrade`` and an ``Upgrade`` list holding ``websocket``. The
+   upstream Go server checks only the two headers and leaves the path to the
+   proxy; checking it here still refuses every path a front should not have passed.
 4. Answer exactly::
 
        HTTP/1.1 101 Switching Protocols\r\n
@@ -66,11 +71,12 @@ The server, step by step (``initiator=False``)
        Upgrade: websocket\r\n
        \r\n
 
-   Anything else is answered as a small web server would, never with a 101:
-   ``404 Not Found`` for a well-formed request that is not our upgrade,
-   ``400 Bad Request`` for bytes that are not HTTP or a head over
-   ``MAX_HEAD``. The answer rides on the ``ProtocolError`` (``.reply``) so that
-   the core sends it and closes with a FIN.
+   Anything else is answered as nginx would (``error_page``: its page, ``Server:
+   nginx``, ``Date``, no body after a HEAD), never with a 101: ``404 Not Found``
+   for a well-formed request that is not our upgrade, ``400 Bad Request`` for bytes
+   that are not HTTP, a malformed head or one over ``MAX_HEAD``. The answer rides
+   on the ``ProtocolError`` (``.reply``) so that the core sends it and closes with a
+   FIN. The log line says what did not match, never the path itself (lengths).
 5. Managed mode announces ``url=<url>,ver=0.0.2`` at a synthetic address, not
    the listener's: the IPv6 address ``2001:db8::/32`` (documentation range) whose
    last 12 bytes are bytes 4..15 of SHA-256("WEBTUNNEL+" + url), port 443
@@ -104,7 +110,9 @@ States (``WebTunnel.state``)::
 
     any state --TLS failure, not a 101, not our upgrade--> FAILED
                 (ProtocolError; a server's carries the 404/400 page in .reply)
-    OPEN --peer's close_notify--> OPEN, peer_ended: receive() returns b"" from then on
+    OPEN --peer's close_notify--> OPEN, peer_ended: receive() returns b"" from then on,
+                                  and the relay ends that direction at once
+    OPEN --FIN, no close_notify before it nor ours sent--> FAILED (receive_eof)
 
 close_notify and half-close (measured: tests/test_webtunnel.py pins it)
 -----------------------------------------------------------------------
@@ -115,9 +123,12 @@ tests fail wherever that stops being true, a record half-received at end()
 included), so a half-closed tunnel keeps flowing the other way, as the core's
 per-direction EOF expects. A peer's close_notify ends its direction:
 ``receive()`` returns the plaintext that came before it and b"" for anything
-after. (CPython reports a close_notify as b"" before ours went out and as
-``SSLZeroReturnError`` after; both mean the same here.) Without TLS, ``end()``
-is b"": the FIN says it all.
+after, and ``peer_ended`` tells the relay to end that direction without waiting
+for the FIN. (CPython reports a close_notify as b"" before ours went out and as
+``SSLZeroReturnError`` after; both mean the same here.) A FIN with no
+close_notify before it is a stream cut short: ``receive_eof()`` raises, and the
+application gets a reset, not a clean end; after our own close_notify a bare FIN
+is accepted (nginx closes so). Without TLS, ``end()`` is b"": the FIN says it all.
 
 What a censor still sees
 ------------------------
@@ -627,9 +638,7 @@ def _status_advice(code):
 
 # --- The transport ------------------------------------------------------------------
 
-FRONT_IDLE_TIMEOUT = 60.0     # seconds: nginx's client_header_timeout default
-
-
+FRONT_IDLE_TIMEOUT = 60.0             # seconds: nginx's client_header_timeout default
 X509_V_ERR_HOSTNAME_MISMATCH = 62     # OpenSSL's verify code (x509_vfy.h)
 
 
@@ -817,6 +826,8 @@ class WebTunnel:
         Every decision rests on a prefix of the peer's bytes (the first line, then the
         whole head), so every split of the same bytes ends the same way; each byte is
         scanned a bounded number of times, however the head is split."""
+        if not data and not self.peer_ended:     # a TLS record not whole yet: nothing new
+            return b""
         self._buffer += data
         buffer = self._buffer
         head = None
