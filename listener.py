@@ -190,10 +190,11 @@ class Listener:
                     self.tick()
         selector.close()
         self.pools.close()
-        with self._lock:
-            cut = self.live
-        if cut:   # said, so that the log shows that transfers were cut short
-            log.log(NOTICE, "stopping now: %d live connection(s) reset", cut)
+        # Said, so that the log shows that transfers were cut short (a handshake
+        # still in progress ends too, with its own line at info).
+        cut = sum(len(pump) for pump in self.pumps)
+        if cut:
+            log.log(NOTICE, "stopping now: %d live tunnel(s) reset", cut)
         for pump in self.pumps:       # what is still live is cut: reset, never a clean end
             pump.stop(abort=True)
         with self._lock:  # let the waiting threads go

@@ -363,6 +363,8 @@ class Relay:
             self.up.take((transport.send_paced if getattr(transport, "paced", False)
                           else transport.send)(bytes(to_downstream)))
         self.down.take(to_upstream)
+        if self.down.ended is not None and self.down.ended():   # it ended with the handshake
+            self.down.eof = True
         self.up.write()
         self.down.write()
 

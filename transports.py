@@ -91,6 +91,11 @@ The contract (duck-typed; ``Dummy`` below is the smallest example)::
                                           # (webtunnel behind a reverse proxy: X-Forwarded-For)
         def end(self) -> bytes            # what follows the application's last byte, before
                                           # the FIN (TLS close_notify); default b""
+        peer_ended: bool                  # the peer ended its direction inside the stream (its
+                                          # close_notify): the relay ends it without the FIN
+        def receive_eof(self)             # the peer's FIN came: may raise ProtocolError (a TLS
+                                          # stream cut without close_notify), so the
+                                          # application gets a reset; default: a clean end
         # where ciphertext length == plaintext length (dummy, obfs2, obfs3, plain webtunnel):
         def send_in_place(self, buffer) -> bool     # transform a writable memoryview where it
         def receive_in_place(self, buffer) -> bool  # lies and return True, or return False,
@@ -117,6 +122,13 @@ TLS inside a transport stays sans-IO: ``ssl.SSLContext.wrap_bio`` over two
 (``incoming.write``) and hands back ours (``outgoing.read``), the way wsproto
 composes h11: ``start()`` returns the ClientHello, ``receive()`` feeds records
 in, and ``data_to_send()`` drains what the TLS layer owes (webtunnel.py).
+A TLS stack that insists on a socket of its own (curl, for a browser's
+ClientHello: browser_tls.py) is given one end of a ``socketpair()``, and the
+transport moves the records between the other end and these same calls: the
+connection still belongs to the core, the relay still sees bytes, and its
+backpressure and fairness rules hold as for every transport. The cost is two
+descriptors per tunnel, and a lock around the TLS stack's calls when one of its
+objects is shared between tunnels (browser_tls shares one CA store).
 
 What this seam does not serve: a transport that needs several connections
 for one tunnel, or that must send on a timer of its own with no application

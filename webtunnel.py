@@ -26,8 +26,10 @@ The client, step by step (``initiator=True``)
    ``routes()``: one route per ``servername=`` candidate, tried in turn.
 2. ``https``: TLS with SNI = ``servername`` (default: the URL's host), the
    certificate verified against the system roots (``SSL_CERT_FILE`` replaces
-   them), ALPN ``http/1.1``. ``start()`` is the ClientHello. ``http``: no TLS,
-   and ``start()`` is already step 3's request.
+   them), ALPN ``http/1.1``. ``start()`` is the ClientHello: Chrome's WebSocket
+   hello when the browser route runs (``browser_tls``, curl_cffi), else Python
+   ``ssl``'s (``client_context``). ``http``: no TLS, and ``start()`` is already
+   step 3's request.
 3. Once TLS is up, the request, exactly as lyrebird's Go client writes it (Go's
    ``net/http`` puts Host, then User-Agent, then the other headers sorted)::
 
@@ -53,10 +55,15 @@ The server, step by step (``initiator=False``)
    ``tls-key=`` it terminates TLS itself: it is then the front, facing clients.
 2. Read the request head (at most ``MAX_HEAD`` bytes); bytes after it are
    stream bytes.
-3. Require method ``GET``, ``HTTP/1.1``, the exact path of ``url=`` (a query
-   string is ignored), a ``Connection`` list holding ``upgrade`` and an
-   ``Upgrade`` list holding ``websocket``. The upstream Go server checks only the
-   two headers and leaves the path to the proxy; checking it here costs nothing.
+3. Refuse (400) what RFC 9112 refuses: an HTTP/1.1 request without exactly one
+   ``Host``, several ``Content-Length`` fields, ``Content-Length`` with
+   ``Transfer-Encoding``. Then require method ``GET``, ``HTTP/1.1``, the path of
+   ``url=`` as a reverse proxy passes it on (``path_matches``: unchanged, or with a
+   leading part cut off at a "/", down to "/"; percent-escapes, "//" and dot
+   segments read as nginx reads them; a query string is ignored), a ``Connection``
+   list holding ``upgrade`` and an ``Upgrade`` list holding ``websocket``. The
+   upstream Go server checks only the two headers and leaves the path to the
+   proxy; checking it here still refuses every path a front should not have passed.
 4. Answer exactly::
 
        HTTP/1.1 101 Switching Protocols\r\n
@@ -64,11 +71,12 @@ The server, step by step (``initiator=False``)
        Upgrade: websocket\r\n
        \r\n
 
-   Anything else is answered as a small web server would, never with a 101:
-   ``404 Not Found`` for a well-formed request that is not our upgrade,
-   ``400 Bad Request`` for bytes that are not HTTP or a head over
-   ``MAX_HEAD``. The answer rides on the ``ProtocolError`` (``.reply``) so that
-   the core sends it and closes with a FIN.
+   Anything else is answered as nginx would (``error_page``: its page, ``Server:
+   nginx``, ``Date``, no body after a HEAD), never with a 101: ``404 Not Found``
+   for a well-formed request that is not our upgrade, ``400 Bad Request`` for bytes
+   that are not HTTP, a malformed head or one over ``MAX_HEAD``. The answer rides
+   on the ``ProtocolError`` (``.reply``) so that the core sends it and closes with a
+   FIN. The log line says what did not match, never the path itself (lengths).
 5. Managed mode announces ``url=<url>,ver=0.0.2`` at a synthetic address, not
    the listener's: the IPv6 address ``2001:db8::/32`` (documentation range) whose
    last 12 bytes are bytes 4..15 of SHA-256("WEBTUNNEL+" + url), port 443
@@ -88,7 +96,8 @@ the request, the 101          ``upgrade_request(config)``, ``SWITCHING_PROTOCOLS
 head limit                    ``MAX_HEAD`` = 16 KiB, terminator included
 synthetic address             ``synthetic_address(url)``, ``WebTunnel.public_address``
 X-Forwarded-For               ``WebTunnel.peer_address``, port ``FORWARDED_PORT``
-TLS as bytes                  ``ssl.SSLObject`` over two ``ssl.MemoryBIO`` (``_tls``)
+TLS as bytes                  ``ssl.SSLObject`` over two ``ssl.MemoryBIO`` (``_tls``), or
+                              ``browser_tls.BrowserTLS`` (curl, the same calls)
 close_notify                  ``WebTunnel.end()``
 ============================  =====================================================
 
@@ -101,7 +110,9 @@ States (``WebTunnel.state``)::
 
     any state --TLS failure, not a 101, not our upgrade--> FAILED
                 (ProtocolError; a server's carries the 404/400 page in .reply)
-    OPEN --peer's close_notify--> OPEN, peer_ended: receive() returns b"" from then on
+    OPEN --peer's close_notify--> OPEN, peer_ended: receive() returns b"" from then on,
+                                  and the relay ends that direction at once
+    OPEN --FIN, no close_notify before it nor ours sent--> FAILED (receive_eof)
 
 close_notify and half-close (measured: tests/test_webtunnel.py pins it)
 -----------------------------------------------------------------------
@@ -112,17 +123,25 @@ tests fail wherever that stops being true, a record half-received at end()
 included), so a half-closed tunnel keeps flowing the other way, as the core's
 per-direction EOF expects. A peer's close_notify ends its direction:
 ``receive()`` returns the plaintext that came before it and b"" for anything
-after. (CPython reports a close_notify as b"" before ours went out and as
-``SSLZeroReturnError`` after; both mean the same here.) Without TLS, ``end()``
-is b"": the FIN says it all.
+after, and ``peer_ended`` tells the relay to end that direction without waiting
+for the FIN. (CPython reports a close_notify as b"" before ours went out and as
+``SSLZeroReturnError`` after; both mean the same here.) A FIN with no
+close_notify before it is a stream cut short: ``receive_eof()`` raises, and the
+application gets a reset, not a clean end; after our own close_notify a bare FIN
+is accepted (nginx closes so). Without TLS, ``end()`` is b"": the FIN says it all.
 
 What a censor still sees
 ------------------------
 * The SNI (``servername``) in clear, the certificate, and the server's address.
-* The TLS ClientHello: this is Python's OpenSSL (``ssl.OPENSSL_VERSION``) with
-  its own cipher and extension lists and no GREASE, a JA3/JA4 fingerprint that
-  tells it from every browser and from lyrebird's uTLS. ``utls=`` cannot change
-  that here; the config says so in ``notes``.
+* The TLS ClientHello. On the browser route (curl_cffi installed and its
+  self-test passed: ``browser_tls``) it is Chrome's when it opens a ``wss://``
+  WebSocket, JA4 ``t13d1515h1_8daaf6152771_0a20fe35d3a5`` (``utls=hellofirefox_*``:
+  Firefox's), always a full handshake (no resumption) and no close_notify at
+  the end. Otherwise it is Python's OpenSSL hello (``ssl.OPENSSL_VERSION``, JA4
+  ``t13d1812h1_85036bcba153_d41ae481755e`` with OpenSSL 3.0): its own cipher and
+  extension lists and no GREASE, which tells it from every browser and from
+  lyrebird's uTLS. The start-up log says which (``hello_route``); a ``utls=``
+  we cannot honour is said in ``notes``.
 * TLS-in-TLS: Tor's inner TLS handshake shows through as record sizes and a
   burst pattern; a long-lived connection to a web server with Tor's traffic shape.
 * What does not show: the path, the Upgrade exchange and every byte after them
@@ -142,7 +161,9 @@ from email.utils import formatdate
 from typing import Callable, Optional, Tuple
 from urllib.parse import quote, unquote, urlsplit
 
-import outbound
+import addresses
+import browser_tls
+import tlswire
 
 VERSION = "0.0.2"                 # what the upstream server announces as ver=
 MAX_HEAD = 16 * 1024              # a request or response head, terminator included
@@ -282,10 +303,10 @@ def synthetic_address(url):
 
 def parse_addr(text):
     """``HOST:PORT`` or ``[IPv6]:PORT`` -> (host, port), by the one address parser
-    (``outbound.parse_address``); ValueError names addr= (the address, which logs
+    (``addresses.parse_address``); ValueError names addr= (the address, which logs
     scrub, is not repeated)."""
     try:
-        return outbound.parse_address(text)
+        return addresses.parse_address(text)
     except ValueError as exc:
         raise ValueError("addr= must be HOST:PORT (IPv6: [ADDRESS]:PORT): %s"
                          % str(exc).replace(repr(text), "the value"))
@@ -311,6 +332,53 @@ def default_client_context():
     return context
 
 
+def client_context(utls=None):
+    """(context, note or None): the TLS context whose ClientHello the client sends, for
+    lyrebird's ``utls=`` (None: not given), and a note when it is not what was asked.
+
+    The browser route (``browser_tls``: curl_cffi, when its self-test passed) sends
+    Chrome's WebSocket hello by default and for ``utls=hellochrome_*``, Firefox's for
+    ``utls=hellofirefox_*``; ``utls=none`` (and ``hellogolang``), or no browser
+    route, is Python's ``ssl`` (OpenSSL's hello, no browser's). Randomized, Safari,
+    iOS and other uTLS hellos are not offered: Chrome's is sent, and the note says so.
+    """
+    asked = None if utls is None else (utls or "hellorandomizednoalpn")
+    kind = (asked or "").lower()
+    if kind in ("none", "hellogolang"):
+        return default_client_context(), (
+            "utls=%s: our TLS ClientHello is Python's OpenSSL one (%s), not Go's crypto/tls one; "
+            "neither is a browser's" % (asked, ssl.OPENSSL_VERSION))
+    available, why = browser_tls.route()
+    if not available:
+        if asked is None:
+            return default_client_context(), None
+        return default_client_context(), (
+            "utls=%s: our TLS ClientHello is Python's OpenSSL one (%s), not the uTLS fingerprint "
+            "asked for, so a censor with a TLS-fingerprint list can tell it from a browser (a "
+            "browser's hello needs curl_cffi: %s)" % (asked, ssl.OPENSSL_VERSION, why))
+    family = "firefox" if kind.startswith("hellofirefox") else "chrome"
+    context = browser_tls.context(family)
+    note = None
+    if asked is not None and not kind.startswith(("hellochrome", "hellofirefox")):
+        note = ("utls=%s is not offered here (randomized, Safari, iOS and custom hellos are not): "
+                "sending %s (%s) instead" % (asked, context.hello, context.target))
+    elif kind not in ("", "hellochrome_auto", "hellofirefox_auto"):
+        note = ("utls=%s: sending %s (%s); other versions are not offered"
+                % (asked, context.hello, context.target))
+    return context, note
+
+
+def hello_route():
+    """What the client's ClientHello is in this process, and why (the route report)."""
+    available, why = browser_tls.route()
+    if available:
+        context = browser_tls.context()
+        return "%s through curl (%s, JA4 %s; %s)" % (context.hello, context.target, context.ja4, why)
+    hello = tlswire.hello(browser_tls.first_flight(default_client_context(), "www.example.com"))
+    return "Python's OpenSSL hello (%s, JA4 %s; no browser's): %s" % (
+        ssl.OPENSSL_VERSION, tlswire.ja4(hello), why)
+
+
 @dataclass
 class ClientConfig:
     """What one client connection (one route) needs. ``routes()`` gives copies whose
@@ -323,7 +391,9 @@ class ClientConfig:
     host: str                         # the Host header
     servernames: Tuple[str, ...]      # SNI candidates, in order (https only)
     servername: Optional[str]         # this route's SNI
-    context: Optional[ssl.SSLContext]   # None for http; tests may replace it
+    # None for http; an ssl.SSLContext, or a browser_tls.BrowserContext (the same
+    # wrap_bio) on the browser route (client_context); tests may replace it
+    context: object
     notes: Tuple[str, ...] = ()
 
 
@@ -371,13 +441,11 @@ def client_config(options):
                              % (names.index(name) + 1, len(names)))
     if not tls and "servername" in options:
         notes.append("servername= has no effect with an http:// url= (no TLS, no SNI)")
-    if "utls" in options:
-        asked = options["utls"] or "hellorandomizednoalpn"
-        wanted = ("Go's crypto/tls one" if asked.lower() == "none"
-                  else "the uTLS fingerprint asked for (utls=%s)" % asked)
-        notes.append("utls=%s: our TLS ClientHello is Python's OpenSSL one (%s), not %s, so a "
-                     "censor with a TLS-fingerprint list can tell it from a browser"
-                     % (asked, ssl.OPENSSL_VERSION, wanted))
+    context = None
+    if tls:
+        context, note = client_context(options.get("utls"))
+        if note:
+            notes.append(note)
     if "addr" in options:
         address = parse_addr(options["addr"])
     else:
@@ -385,8 +453,7 @@ def client_config(options):
     return ClientConfig(url=url, tls=tls, address=address, target=request_target(url),
                         host=host_header(url), servernames=names if tls else (),
                         servername=names[0] if tls else None,
-                        context=default_client_context() if tls else None,
-                        notes=tuple(notes))
+                        context=context, notes=tuple(notes))
 
 
 def server_config(options, state_dir=None):
@@ -571,9 +638,7 @@ def _status_advice(code):
 
 # --- The transport ------------------------------------------------------------------
 
-FRONT_IDLE_TIMEOUT = 60.0     # seconds: nginx's client_header_timeout default
-
-
+FRONT_IDLE_TIMEOUT = 60.0             # seconds: nginx's client_header_timeout default
 X509_V_ERR_HOSTNAME_MISMATCH = 62     # OpenSSL's verify code (x509_vfy.h)
 
 
@@ -600,6 +665,11 @@ class WebTunnel:
     @classmethod
     def client_config(cls, options):
         return client_config(options)
+
+    @classmethod
+    def crypto_routes(cls):
+        """The route report: which ClientHello the client sends, and why."""
+        return {"webtunnel client hello": hello_route()}, []
 
     @classmethod
     def server_config(cls, options, state_dir=None):
@@ -713,11 +783,11 @@ class WebTunnel:
         them with --no-safe-logging), and the certificate's names point at the bridge's
         site as much as the servername does. OpenSSL's reason is kept, the name it may
         quote taken out."""
-        if exc.verify_code == X509_V_ERR_HOSTNAME_MISMATCH:
+        if getattr(exc, "verify_code", None) == X509_V_ERR_HOSTNAME_MISMATCH:
             return ("TLS: the web server's certificate is not valid for the name in servername= "
                     "(or, without it, url='s host): check that name, and that the web server "
                     "serves the certificate of that site")
-        reason = str(exc.verify_message or exc.reason or exc)
+        reason = str(getattr(exc, "verify_message", None) or exc.reason or exc)
         name = self.config.servername or ""
         if name:
             reason = reason.replace("'%s'" % name, "that name").replace(name, "that name")
@@ -756,6 +826,8 @@ class WebTunnel:
         Every decision rests on a prefix of the peer's bytes (the first line, then the
         whole head), so every split of the same bytes ends the same way; each byte is
         scanned a bounded number of times, however the head is split."""
+        if not data and not self.peer_ended:     # a TLS record not whole yet: nothing new
+            return b""
         self._buffer += data
         buffer = self._buffer
         head = None

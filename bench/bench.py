@@ -46,6 +46,8 @@ end each is stopped the way it expects (ours: SIGTERM; obfs4proxy: its stdin is 
                      the README's) --> python obfsproxy.py server (plain HTTP) --> sink; the
                      client trusts a test CA (tests/testca.py) through SSL_CERT_FILE
     ours-webtunnel-tls  the same without nginx: our server terminates TLS itself (tls-cert=)
+    ours-webtunnel-pyssl  ours-webtunnel with OBFSPROXY_HELLO=python: the client on Python's
+                     ssl (ours-webtunnel runs the browser route, curl_cffi, when it is installed)
     nginx-upgrade    the ceiling of ours-webtunnel: nginx alone, same configuration. The
                      generator speaks TLS and the upgrade to nginx itself, and the sink
                      answers the 101. nginx-light has no stream module (Debian ships it in

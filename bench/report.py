@@ -162,7 +162,7 @@ def ratio_table(name, transport, results, options, ceiling):
                   "ratio", "needed", "result"], rows)
 
 
-WEBTUNNEL_SETUPS = ("ours-webtunnel", "ours-webtunnel-tls", "nginx-upgrade")
+WEBTUNNEL_SETUPS = ("ours-webtunnel", "ours-webtunnel-pyssl", "ours-webtunnel-tls", "nginx-upgrade")
 
 
 def nginx_stream_module():

@@ -34,17 +34,21 @@ SETUPS["ours-obfs4-portable"] = ("ours", "ours", "obfs4")
 # webtunnel, only when named: ours through nginx, ours terminating TLS, and nginx alone.
 SETUPS.update({"ours-webtunnel": ("ours", "ours", "webtunnel"),
                "ours-webtunnel-tls": ("ours", "ours", "webtunnel"),
+               "ours-webtunnel-pyssl": ("ours", "ours", "webtunnel"),
                "nginx-upgrade": ("nginx", "nginx", None)})
 DEFAULT_SETUPS = ["ours-obfs2", "o4p-obfs2", "ours-obfs3", "o4p-obfs3", "ours-obfs4", "ours-obfs4-portable",
                   "o4p-obfs4", "ours-dummy", "direct"]
 CRYPTO_ENV = "OBFSPROXY_CRYPTO"     # obfs4_crypto: "portable" ignores PyNaCl
+HELLO_ENV = "OBFSPROXY_HELLO"       # browser_tls: "python" ignores curl_cffi
 
 
 def ours_environment(name):
     """The environment of our processes for setup ``name``: OBFSPROXY_POOL_SIZE=0 for
     -nopool; OBFSPROXY_CRYPTO=portable for -portable, and no OBFSPROXY_CRYPTO at all
     otherwise (so that "ours-obfs4" runs PyNaCl whenever it is installed)."""
-    env = {key: value for key, value in os.environ.items() if key != CRYPTO_ENV}
+    env = {key: value for key, value in os.environ.items() if key not in (CRYPTO_ENV, HELLO_ENV)}
+    if name.endswith("-pyssl"):
+        env[HELLO_ENV] = "python"
     if name.endswith("-nopool"):
         env["OBFSPROXY_POOL_SIZE"] = "0"
     if name.endswith("-portable"):
@@ -76,7 +80,7 @@ def start_webtunnel(options, name, sink, directory):
     try:
         started.append(start_ours(options.obfsproxy, "server", "webtunnel", sink,
                                   ["--transport-options=" + server_options], env=env))
-        if name == "ours-webtunnel":
+        if name != "ours-webtunnel-tls":
             front = start_nginx(directory, started[0].address, ca)
             dial = front.address
         else:

@@ -5,7 +5,8 @@
                        the wire: what a censor sees
 
 It starts an echo service, a server of the chosen transport in front of it and
-a SOCKS client (real sockets, threads of this process), sends a message that
+a SOCKS client (real sockets, and the real listener: a thread per handshake, one
+pump for every relay, all in this process), sends a message that
 starts like a TLS ClientHello (the kind of fixed string DPI looks for), and
 then walks through that one connection, as it crossed the wire:
 

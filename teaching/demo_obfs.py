@@ -7,6 +7,7 @@ import time
 import obfs2
 import obfs3
 import obfs4
+import obfs4_state
 from curve25519 import elligator2_direct, x25519
 from obfs4_crypto import SecretBox
 from obfs4_drbg import HashDrbg
@@ -81,8 +82,9 @@ def walk_obfs2(walk):
     print("  Ciphertext length = plaintext length (%d bytes): obfs2 hides no sizes and no timing."
           % len(c_data))
     if secret_hash is None:
-        print("  Try `python3 obfsproxy.py demo --shared-secret=SECRET` to see what a shared secret "
-              "changes,\n  and `--transport=obfs3` or `--transport=obfs4` for what came after obfs2.")
+        print("  Try `python3 obfsproxy.py demo --transport=obfs2 --shared-secret=SECRET` to see what")
+        print("  a shared secret changes, and `python3 obfsproxy.py demo --transport=obfs3` or")
+        print("  `python3 obfsproxy.py demo --transport=obfs4` for what came after obfs2.")
     else:
         n = iterations
         print("  With a shared secret the seeds alone no longer give the keys. A censor who knows\n"
@@ -197,8 +199,8 @@ def walk_obfs4(walk):
     print("  iat-mode = %d. The client knows NODEID and B from the cert; KEY = B | NODEID signs"
           % identity.iat_mode)
     print("  every mark and MAC below, so only clients given the bridge line can speak to it.")
-    walk.check(walk.exchange.announce["cert"] == obfs4.encode_cert(identity.node_id, identity.public_key),
-               "the cert is not NODEID | B")
+    cert = obfs4_state.encode_cert(identity.node_id, identity.public_key)
+    walk.check(walk.exchange.announce["cert"] == cert, "the cert is not NODEID | B")
 
     walk.title("The client's handshake: X' | P_C | M_C | MAC_C, one write")
     m_c = obfs4.h16(key, c_sent[:32])

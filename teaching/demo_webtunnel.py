@@ -27,9 +27,10 @@ from urllib.parse import urlsplit
 
 import curve25519
 import proxy
+import tlswire
 import webtunnel
 from outbound import format_address, is_ip_literal
-from teaching import present, tlswire
+from teaching import present
 from teaching.demo_base import MESSAGE, Stage, application_bytes
 
 # --- webtunnel: the demo's certificate --------------------------------------------------------

@@ -20,8 +20,10 @@ unsupported, not a capture); its message is one line for the user. Nothing
 here prints, and nothing writes.
 """
 
+import re
 import socket
 import struct
+import time
 from pathlib import Path
 
 from outbound import format_address
@@ -337,6 +339,23 @@ def read_pcap(path):
 #     <YYYYmmdd-HHMMSS>-<client|server>-<pid>-<n>.responder.bin   bytes the responder sent
 # "client" or "server" says which end recorded them; both see the same bytes.
 # The suffixes are transports.ROLE_SUFFIXES: RecordDir writes what this reads.
+# The time in the name is when the connection began, in the recording machine's local
+# time: unmask matches obfs4's epoch hour from it (searching 72 hours each way, which
+# absorbs any time zone), so a recording copied elsewhere, days later, still reads.
+
+RECORDING_TIME = re.compile(r"(\d{8}-\d{6})-")
+
+
+def recorded_at(prefix, files):
+    """When a connection was recorded: the time its name carries, else (a recording
+    renamed by hand) the earliest modification time of its files."""
+    match = RECORDING_TIME.match(Path(prefix).name)
+    if match:
+        try:
+            return time.mktime(time.strptime(match.group(1), "%Y%m%d-%H%M%S"))
+        except (ValueError, OverflowError):
+            pass                                    # 20261399-...: not a time after all
+    return min(path.stat().st_mtime for path in files if path)
 
 
 def read_recordings(paths):
@@ -351,7 +370,7 @@ def read_recordings(paths):
         streams = tuple(path.read_bytes() if path else b"" for path in files)
         notes = ["only one direction was recorded: %s is missing" % ("initiator", "responder")[side]
                  for side, path in enumerate(files) if path is None]
-        when = min(path.stat().st_mtime for path in files if path)
+        when = recorded_at(prefix, files)
         conversations.append(Conversation(Path(prefix).name, ("initiator", "responder"), streams, 0,
                                           notes, time=when))
     return conversations

@@ -49,8 +49,9 @@ from support import (
 )
 
 import obfs2
+import tlswire
 from curve25519 import elligator2_direct, x25519
-from teaching import capture, pcap, tlswire
+from teaching import capture, pcap
 
 CLIENT_HELLO = (b"\x16\x03\x01\x00\xc8\x01\x00\x00\xc4\x03\x03" + bytes(range(32))
                 + b" a TLS ClientHello: what the censor was looking for")
@@ -476,7 +477,7 @@ def test_obfs3_and_obfs4_captures_explain_why_the_attack_fails(tmp_path):
 
     status, out = run_capture("unmask", *recordings(tmp_path / "rec4", "client"))
     assert status == 0 and "(cannot be found)" in out
-    # Friction 13: a full, correct explanation is a result: exit status 0 from the command line too.
+    # A full, correct explanation is a result: exit status 0 from the command line too.
     status, out, err = run("unmask", *map(str, recordings(tmp_path / "rec4", "client")))
     assert status == 0, err
     assert out.rstrip().endswith("0 of 1 connection(s) unmasked; each of the others says above why it "
@@ -502,6 +503,33 @@ def test_obfs3_and_obfs4_captures_explain_why_the_attack_fails(tmp_path):
         assert line.group(1) == "flagged" or line.group(2) == "Ex2"    # see the tcpdump test
 
 
+def test_a_copied_recording_keeps_its_hour(tmp_path):
+    """unmask --state-dir matches obfs4's epoch hour E from the time a recording carries
+    (its name), not from the file's modification time: copied to another machine ten
+    days later, with that mtime, it still reads. A file renamed without a time falls
+    back to its mtime, so there the hour is found only while the mtime is near it."""
+    with EchoServer() as echo:
+        record = "--record-dir=" + str(tmp_path / "rec")
+        server, client, state, _ = obfs4_tunnel(tmp_path, echo.address, record)
+        with server, client:
+            assert exchange(client, server, b"copied later") == b"copied later"
+    later = time.time() + 10 * 86400
+    copied, renamed = tmp_path / "copied", tmp_path / "renamed"
+    copied.mkdir()
+    renamed.mkdir()
+    for path in recordings(tmp_path / "rec", "client"):
+        for folder, name in ((copied, path.name), (renamed, "conn" + path.name[path.name.index("."):])):
+            shutil.copy(str(path), str(folder / name))
+            os.utime(str(folder / name), (later, later))
+    status, out = run_capture("unmask", copied, state_dir=state)
+    assert status == 0 and "It is obfs4, to the bridge of --state-dir" in out
+    e = re.search(r'E = "(\d+)"', out).group(1)
+    assert abs(int(e) - time.time() // 3600) <= 1
+    status, out = run_capture("unmask", renamed, state_dir=state)
+    assert "matches no hour within 72 h of the capture" in out
+    assert "It is obfs4, to the bridge of --state-dir" not in out
+
+
 def test_state_dir_must_hold_an_obfs4_state(tmp_path, capsys):
     rec = tmp_path / "x.initiator.bin"
     rec.write_bytes(os.urandom(500))
@@ -520,7 +548,7 @@ def test_state_dir_must_hold_an_obfs4_state(tmp_path, capsys):
 ])
 def test_unmask_reads_a_state_file_exactly_as_the_server_does(tmp_path, capsys, edit, accepted):
     """One loader for both: a state file the bridge starts with is one unmask reads,
-    and one it refuses, unmask refuses too (they used to disagree on all three)."""
+    and one it refuses, unmask refuses too."""
     import obfs4
     config, _ = obfs4.Obfs4.server_config({}, tmp_path)
     path = tmp_path / "obfs4_state.json"
@@ -984,7 +1012,7 @@ def test_mangled_captures_never_raise(tmp_path, good_pcap):
 
 
 def test_unmask_exits_1_only_when_there_is_nothing_to_read(tmp_path, capsys):
-    """Friction 13: 0 when every stream was unmasked or explained; 1 when the capture
+    """0 when every stream was unmasked or explained; 1 when the capture
     cannot be read or holds no TCP connection with data."""
     c_wire, s_wire = obfs2_pair(b"hello", b"world")
     (tmp_path / "x.initiator.bin").write_bytes(c_wire)
@@ -1293,7 +1321,7 @@ def test_python_ssl_tls_is_named_by_detect_and_explained_by_unmask(tmp_path):
     assert "0 of 1 stream(s) flagged by the fully-encrypted test; 1 TLS stream(s) exempt" in out
 
     status, out, err = run("unmask", str(folder))
-    assert status == 0, err                             # explained (friction 13)
+    assert status == 0, err                             # explained: a result
     assert "cannot unmask" not in out and "obfs3 (UniformDH)" not in out     # not the generic failure
     assert "TLS (webtunnel looks exactly like this: HTTPS to a web site): the obfs2 attack has" in out
     assert "  initiator: a ClientHello, in clear: SNI wt.test, JA4 %s" % ja4 in out

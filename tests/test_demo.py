@@ -14,6 +14,10 @@ import io
 import ipaddress
 import os
 import re
+import shlex
+import shutil
+import signal
+import socket
 import ssl
 import struct
 import subprocess
@@ -23,13 +27,14 @@ from pathlib import Path
 
 import pytest
 from Crypto.Cipher import AES, ChaCha20_Poly1305
-from support import PROGRAM, ROOT, load_vectors
+from support import PROGRAM, ROOT, LineReader, closed_port, load_vectors, wait_until
 
 import proxy
+import tlswire
 from curve25519 import elligator2_direct
 from obfs4_crypto import secretbox_open
 from obfs4_drbg import HashDrbg, WeightedDist
-from teaching import capture, demo, demo_obfs, demo_webtunnel, tlswire
+from teaching import capture, demo, demo_obfs, demo_webtunnel
 
 P = int(
     "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"
@@ -402,8 +407,8 @@ def test_every_value_checks_out_for_every_seed(name, options):
         outputs.append(out)
     assert not failed, failed
     if (name, options) == ("obfs4", {}):
-        # The seeds reach padBurst's two-frame case (about one burst in 40), which the
-        # demo's table check once counted as a failure.
+        # The seeds reach padBurst's two-frame case (about one run in 40), where a burst
+        # ends 21 bytes past the table's length: the check must accept it.
         assert any("padBurst's two-frame case" in out for out in outputs)
 
 
@@ -806,3 +811,132 @@ def test_the_docs_detect_output_has_the_output_contract():
     chapter = doc.split("## 15. Detection", 1)[1]
     lines = re.findall(r"^  fully-encrypted test: (flagged|exempt \(Ex[1-5]\))  popcount", chapter, re.M)
     assert lines == ["flagged"] * 3 + ["exempt (Ex1)"] * 2
+
+
+# --- The commands the tool and the docs print, run as printed ---------------------------
+
+PRINTED_COMMAND = re.compile(r"`(python3 obfsproxy\.py [^`]*)`")
+
+
+def as_run_here(command):
+    """A printed command as this machine runs it: ``python3`` is this interpreter and
+    ``obfsproxy.py`` this checkout's; nothing else changes."""
+    words = shlex.split(command)
+    assert words[:2] == ["python3", "obfsproxy.py"], command
+    return [sys.executable, PROGRAM] + words[2:]
+
+
+@pytest.mark.parametrize("transport", ["dummy", "obfs2", "obfs3", "obfs4", "webtunnel"])
+def test_the_commands_a_demo_prints_run_as_printed(tmp_path, transport):
+    status, out, err = run("demo", "--transport=" + transport, "--record-dir=" + str(tmp_path / "rec"))
+    assert status == 0, err + out
+    commands = PRINTED_COMMAND.findall(out)
+    assert "python3 obfsproxy.py unmask %s" % (tmp_path / "rec") in commands
+    if transport == "obfs2":
+        assert "python3 obfsproxy.py demo --transport=obfs2 --shared-secret=SECRET" in commands
+        assert len(commands) == 4
+    for command in commands:
+        done = subprocess.run(as_run_here(command), stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, cwd=str(ROOT), timeout=120)
+        assert done.returncode == 0, (command, done.stderr)
+        assert "FAILED" not in done.stdout
+
+
+DOC_PORTS = (8080, 1050, 1051, 1052, 1053)    # the ports the docs' walks use; free ones here
+
+
+def doc_shell_lines(heading):
+    """The command lines of the first ```sh block after the line that starts with
+    ``heading`` in docs/PROTOCOL.md, without their comments."""
+    doc = (ROOT / "docs" / "PROTOCOL.md").read_text(encoding="utf-8")
+    block = re.search(r"^%s.*?```sh\n(.*?)```" % re.escape(heading), doc, re.S | re.M).group(1)
+    lines = [re.split(r"\s+#", line, maxsplit=1)[0].strip() for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+class DocShell:
+    """Runs a doc's shell lines as printed, in a scratch folder, as a user pasting them
+    one at a time would: ``python3`` is this interpreter, ``obfsproxy.py`` this checkout's,
+    and the doc's fixed ports free ones of this machine (the only change to the text).
+    A line ending in ``&`` runs until the walk ends, and the walk goes on once it is
+    ready (it said "listening on", or its port accepts); ``kill %%`` stops the last of
+    them; any other line must exit 0."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.ports = {port: closed_port()[1] for port in DOC_PORTS}
+        self.jobs = []
+        self.outputs = {}
+
+    def text(self, line):
+        line = re.sub(r"^python3 obfsproxy\.py\b", "%s %s" % (sys.executable, PROGRAM), line)
+        line = re.sub(r"^python3\b", sys.executable, line)
+        for doc_port, port in self.ports.items():
+            line = re.sub(r"\b%d\b" % doc_port, str(port), line)
+        return line
+
+    def run(self, line):
+        if line == "kill %%":
+            job = self.jobs.pop()
+            job.send_signal(signal.SIGTERM)
+            assert job.wait(30) is not None
+            return
+        if not line.endswith("&"):
+            done = subprocess.run(["bash", "-c", self.text(line)], cwd=str(self.folder), timeout=120,
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True)
+            assert done.returncode == 0, (line, done.stdout[-2000:], done.stderr[-2000:])
+            self.outputs.setdefault(line, []).append(done.stdout)
+            return
+        text = self.text(line[:-1].strip())
+        job = subprocess.Popen(["bash", "-c", "exec " + text], cwd=str(self.folder), text=True,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.jobs.append(job)
+        log = LineReader(job.stderr)
+        if "http.server" in text:
+            port = self.ports[8080]
+            wait_until(lambda: self._accepts(port), 30, "the web server on port %d" % port)
+        else:
+            log.wait_for("listening on", timeout=30)
+
+    @staticmethod
+    def _accepts(port):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        except OSError:
+            return False
+        return True
+
+    def stop(self):
+        for job in reversed(self.jobs):
+            job.terminate()
+            try:
+                job.wait(10)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.wait()
+
+
+def test_the_docs_walks_run_as_printed(tmp_path):
+    """docs/PROTOCOL.md chapter 11, "Try it yourself", then chapter 15.5's capture of
+    obfs2, obfs4 and plain HTTP, which goes on from it: every line, in order. tcpdump
+    needs root (or CAP_NET_RAW): without it the test stops there, skipped."""
+    chapter_11 = doc_shell_lines("## 11. Try it yourself")
+    chapter_15 = doc_shell_lines("Try it on your own traffic, after chapter 11's walk")
+    assert "python3 obfsproxy.py demo --transport=obfs2 --shared-secret=s3cret" in chapter_11
+    assert "python3 obfsproxy.py unmask --state-dir=state all.pcap" in chapter_15
+    shell = DocShell(tmp_path)
+    try:
+        for line in chapter_11 + chapter_15:
+            if line.startswith("tcpdump") and (os.geteuid() != 0 or not shutil.which("tcpdump")):
+                pytest.skip("the docs' walk ran as printed up to tcpdump, which needs root here")
+            shell.run(line)
+    finally:
+        shell.stop()
+    out = shell.outputs
+    unmasked = out["python3 obfsproxy.py unmask rec"][0]
+    assert "GET / HTTP/1.1" in unmasked and "INIT_SECRET" in unmasked
+    assert "GET / HTTP/1.1" in out["python3 obfsproxy.py unmask obfs2.pcap"][0]
+    assert "obfs2" in out["python3 obfsproxy.py detect obfs2.pcap"][0]
+    assert "GET / HTTP/1.1" in out["python3 obfsproxy.py unmask all.pcap"][0]
+    checked = out["python3 obfsproxy.py unmask --state-dir=state all.pcap"][0]
+    assert "It is obfs4, to the bridge of --state-dir" in checked

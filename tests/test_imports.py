@@ -5,6 +5,7 @@ The checker runs as CI runs it (a subprocess); to show that it can fail, it
 runs again on copies of the project's modules with one rule broken.
 """
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 from support import PROGRAM, ROOT, EchoServer, Program, echo_round_trip, fmt, socks5_connect
 
 CHECKER = str(ROOT / "tools" / "check_imports.py")
-LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "socks")
+LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "obfs4_state", "socks")
 
 
 def check(folder=None):
@@ -57,14 +58,17 @@ def test_the_project_keeps_its_import_rules():
     assert result.returncode == 0, result.stderr
     graph = graph_of(result.stdout)
     assert set(graph) == modules()
-    assert {"teaching.demo", "teaching.capture", "teaching.tlswire"} <= set(graph)
+    assert {"teaching.demo", "teaching.capture", "tlswire"} <= set(graph)
     runtime = [module for module in graph if not module.startswith("teaching")]
     assert not [(m, d) for m in runtime if m != "obfsproxy" for d in graph[m] if d.startswith("teaching")]
     assert {"teaching.demo", "teaching.capture"} <= set(graph["obfsproxy"])   # lazily, in dispatch
-    assert graph["obfs4"] == ["curve25519", "obfs4_crypto", "obfs4_drbg"]
-    assert graph["relay"] == graph["webtunnel"] == graph["libcrypto"] == graph["pure_aes"] == []
+    assert graph["obfs4"] == ["curve25519", "obfs4_crypto", "obfs4_drbg", "obfs4_state"]
+    assert graph["obfs4_state"] == ["curve25519", "obfs4_drbg"]
+    assert graph["relay"] == graph["libcrypto"] == graph["pure_aes"] == graph["tlswire"] == []
+    assert graph["webtunnel"] == ["addresses", "browser_tls", "tlswire"]
     assert graph["accel"] == ["libcrypto", "pure_aes"]
-    allowed = {"obfs4_crypto", "obfs4_drbg", "curve25519", "accel", "libcrypto", "pure_aes", "pure_salsa20"}
+    allowed = {"obfs4_crypto", "obfs4_drbg", "obfs4_state", "curve25519", "accel", "libcrypto", "pure_aes",
+               "pure_salsa20"}
     assert all(set(graph[leaf]) <= allowed for leaf in LEAVES)
     assert "obfsproxy" not in [dep for deps in graph.values() for dep in deps]
     assert graph["proxy"] and "transports" in graph["proxy"]   # the graph is really read
@@ -93,7 +97,8 @@ def test_importing_the_cli_fails(copy):
 @pytest.mark.parametrize("leaf,dep", [("socks", "transports"), ("obfs3", "obfs2"),
                                       ("obfs4_crypto", "obfs4"), ("obfs2", "outbound"),
                                       ("relay", "listener"), ("relay", "proxy"),
-                                      ("webtunnel", "outbound"), ("teaching/tlswire", "obfs2")])
+                                      ("webtunnel", "outbound"), ("tlswire", "obfs2"),
+                                      ("obfs4_state", "obfs4")])
 def test_a_leaf_importing_the_project_fails(copy, leaf, dep):
     append(copy / ("%s.py" % leaf), "\nimport %s  # noqa\n" % dep)
     leaf = leaf.replace("/", ".")
@@ -109,6 +114,36 @@ def test_the_runtime_importing_teaching_fails(copy, line):
     result = check(copy)
     assert result.returncode == 1
     assert "transports is the runtime but imports teaching." in result.stderr
+
+
+def test_the_readme_file_table_names_every_module_where_it_is():
+    """The README's "How it is built" table: each root module in a runtime row, each
+    teaching module in a row of teaching/."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## How it is built\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    runtime = " ".join(row.split(" | ")[0] for row in rows if "teaching/" not in row)
+    teaching = " ".join(row.split(" | ")[0] for row in rows if "teaching/" in row)
+    for path in ROOT.glob("*.py"):
+        assert "`%s`" % path.name in runtime, path.name
+    for path in (ROOT / "teaching").glob("*.py"):
+        if path.stem != "__init__":
+            assert "%s`" % path.name in teaching and "`%s`" % path.name not in runtime, path.name
+
+
+def test_the_obfs4_protocol_does_no_file_io():
+    """obfs4.py names no file API: the bridge's files are obfs4_state's. Of ``os`` it
+    uses the CSPRNG only; no open(), no pathlib, json, shutil or tempfile."""
+    tree = ast.parse((ROOT / "obfs4.py").read_text(encoding="utf-8"))
+    used_of_os = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                  and isinstance(node.value, ast.Name) and node.value.id == "os"}
+    assert used_of_os == {"urandom"}
+    assert not [node for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == "open"]
+    modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not modules & {"pathlib", "json", "shutil", "tempfile", "io"}
+    state = ast.parse((ROOT / "obfs4_state.py").read_text(encoding="utf-8"))
+    assert any(isinstance(node, ast.Attribute) and node.attr == "open" for node in ast.walk(state))
 
 
 def test_the_cli_importing_teaching_at_its_top_fails(copy):

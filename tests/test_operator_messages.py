@@ -36,7 +36,7 @@ def test_a_stop_says_how_many_live_tunnels_it_reset(signals):
             if len(signals) > 1:     # the first SIGINT waits for the tunnels; the second cuts them
                 client.log.wait_for(r"stopped accepting; waiting for 2 live connection", timeout=WAIT)
                 client.process.send_signal(signals[1])
-            client.log.wait_for(r"stopping now: 2 live connection\(s\) reset", timeout=WAIT)
+            client.log.wait_for(r"stopping now: 2 live tunnel\(s\) reset", timeout=WAIT)
             client.log.wait_for(r"client stopped", timeout=WAIT)
         finally:
             for sock in tunnels:
@@ -47,7 +47,8 @@ def test_a_stop_says_how_many_live_tunnels_it_reset(signals):
 def test_a_stop_with_nothing_live_says_nothing_of_resets():
     with EchoServer() as echo, \
             Program("client", "--transport=dummy", "--log-min-severity=info", "127.0.0.1:0") as client:
-        # One tunnel served and ended: the signal handlers are in place (they are
+        # One tunnel served and ended (its relay gone from the pump once its "closed
+        # after" line is said): the signal handlers are in place by then (they are
         # installed after the "listening on" line).
         with socks5_connect(client.address, echo.address, timeout=WAIT) as sock:
             assert echo_round_trip(sock, b"done") == b"done"

@@ -427,6 +427,33 @@ def test_any_server_options_make_a_working_config_or_a_value_error(name, options
         assert isinstance(cls(False, config).start(), bytes)
 
 
+class Plain:
+    """A transport's client_config as a new author writes it: a plain ValueError."""
+
+    @classmethod
+    def client_config(cls, options):
+        if "key" not in options:
+            raise ValueError("no key= given")
+        return options
+
+
+@pytest.mark.parametrize("cls, options, fixed, refused", [
+    (Plain, {}, False, False),                      # a SOCKS client given nothing: nothing to check
+    (Plain, {}, True, True),                        # fixed: the options are all it will have
+    (Plain, {"colour": "1"}, False, True),          # given some: checked, no .missing
+    (transports.TRANSPORTS["obfs4"], {"iat-mode": "0"}, False, False),  # .missing: cert
+    (transports.TRANSPORTS["obfs4"], {"iat-mode": "0"}, True, True),
+    (transports.TRANSPORTS["obfs4"], {"cert": "AAAA", "iat-mode": "0"}, False, True),
+    (transports.TRANSPORTS["webtunnel"], {"servername": "a.example"}, False, False),  # .missing: url
+])
+def test_client_options_at_start_up_follow_the_contract(cls, options, fixed, refused):
+    if refused:
+        with pytest.raises(ValueError):
+            transports.check_client_options(cls, options, fixed)
+    else:
+        transports.check_client_options(cls, options, fixed)
+
+
 SECRET_MARK = "Q7secretQ7"
 
 

@@ -400,7 +400,8 @@ def how_it_ends(sock):
                                              ("nginx", "end of stream")])
 def test_application_reset_reaches_the_destination(parts, front, expected):
     """A reset from the application arrives as a reset, end to end; through nginx as an
-    end of stream (nginx closes its other side with a FIN)."""
+    end of stream (nginx closes its other side with a FIN; towards the client, after its
+    close_notify, so that the client cannot tell it from an end: README, Troubleshooting)."""
     watcher = Watcher()
     _, _, url = parts.bridge(watcher, front)
     client = parts.client("socks", url)
@@ -700,8 +701,9 @@ def test_servername_list_tries_the_next_name(parts):
 
 
 def test_utls_is_accepted_with_a_notice_saying_what_the_client_hello_is(parts):
+    """On Python's ssl route (tests/test_browser_hello.py: the browser route's notes)."""
     _, _, url = parts.bridge()
-    client = parts.client("socks", url)
+    client = parts.client("socks", url, env=dict(parts.env(), OBFSPROXY_HELLO="python"))
     with client.connect(client.args(utls="hellochrome_auto")) as sock:
         assert echo_round_trip(sock, b"utls") == b"utls"
     line = client.wait_for(r"\[NOTICE\] webtunnel: utls=hellochrome_auto: .*").group(0)
@@ -927,3 +929,68 @@ def test_tls_cert_mode_answers_as_nginx_does(parts):
         assert re.search(rb"\r\nDate: \w{3}, \d\d \w{3} \d{4} \d\d:\d\d:\d\d GMT\r\n", head)
         assert (rest.endswith(b"<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
                 if body else rest == b"")
+
+
+class EndingTLSServer:
+    """A web server in the test that answers our 101 and "data", then ends TLS its own
+    way (``how``): "cut" (a FIN in the middle of a record, no close_notify) or
+    "close_notify" (close_notify, and the TCP connection left open until ``release``).
+    Its TLS is an SSLObject over the socket, so that the test chooses every byte."""
+
+    def __init__(self, ca, how, version):
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(ca.cert_file, ca.key_file)
+        self.context.maximum_version = version
+        self.how, self.release = how, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = self.listener.getsockname()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        conn, _ = self.listener.accept()
+        self.listener.close()
+        conn.settimeout(20)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = self.context.wrap_bio(incoming, outgoing, server_side=True)
+        with conn:
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                data = conn.recv(65536)
+                if not data:
+                    return
+                incoming.write(data)
+                try:
+                    tls.do_handshake()
+                    head += tls.read(65536)
+                except ssl.SSLWantReadError:
+                    pass
+                conn.sendall(outgoing.read())
+            tls.write(SWITCHING + b"data")
+            conn.sendall(outgoing.read())
+            if self.how == "cut":
+                tls.write(b"never whole")
+                record = outgoing.read()
+                conn.sendall(record[:len(record) // 2])
+                conn.shutdown(socket.SHUT_WR)
+            else:
+                with contextlib.suppress(ssl.SSLError):
+                    tls.unwrap()
+                conn.sendall(outgoing.read())
+            self.release.wait(30)
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3],
+                         ids=["TLS 1.2", "TLS 1.3"])
+@pytest.mark.parametrize("how, expected", [("cut", "reset"), ("close_notify", "end of stream")])
+def test_how_the_server_ends_tls_is_how_the_application_sees_the_end(parts, version, how, expected):
+    """Findings 10 and 6: a TLS stream cut without close_notify reached the application
+    as a clean end; a close_notify without FIN ended the direction only with the FIN."""
+    server = EndingTLSServer(parts.ca, how, version)
+    try:
+        client = parts.client("socks", "https://127.0.0.1:%d%s" % (server.address[1], PATH))
+        with client.connect() as sock:
+            sock.settimeout(20)      # a missing end fails here, it never passes
+            assert recv_exact(sock, 4) == b"data"
+            assert how_it_ends(sock) == expected
+    finally:
+        server.release.set()

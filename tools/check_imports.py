@@ -9,9 +9,9 @@ line per module, and checks five rules::
 
     1. no cycle                    a -> b -> a would make the layers meaningless
     2. nobody imports obfsproxy    the CLI is the top; nothing may depend on it
-    3. the sans-IO leaves          obfs2, obfs3, obfs4 and its primitives, socks,
-       import nothing of ours,     webtunnel, teaching.tlswire and the relay, except
-                                   obfs4 -> its primitives (LEAF_ALLOWED); a
+    3. the leaves import           obfs2, obfs3, obfs4, its primitives and its state,
+       nothing of ours             socks, webtunnel, tlswire and the relay, except
+                                   obfs4 -> its pieces (LEAF_ALLOWED); a
                                    leaf that imported proxy would drag sockets
                                    and threads into the protocol, a relay that
                                    imported the listener would know tunnels
@@ -37,15 +37,23 @@ from pathlib import Path
 
 CLI = "obfsproxy"
 TEACHING = "teaching"
-LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "obfs4_drbg", "curve25519", "accel", "libcrypto",
-          "pure_aes", "pure_salsa20", "socks", "webtunnel", "teaching.tlswire", "relay")
+LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_state", "obfs4_crypto", "obfs4_drbg", "curve25519", "accel",
+          "libcrypto", "pure_aes", "pure_salsa20", "socks", "webtunnel", "browser_tls", "tlswire",
+          "addresses", "relay")
 # obfs4 and its primitives: the frame cipher (and the route report), the DRBG, the keys,
 # and the accelerator's route chooser they share (which obfs2 and obfs3 use for AES-CTR),
-# with its libcrypto and pure-Python routes.
+# with its libcrypto and pure-Python routes; and the bridge's identity and its files
+# (obfs4_state: the only file I/O among the leaves, which obfs4's server_config reaches
+# once per listener; it never imports the protocol, so the protocol can import it).
 LEAF_ALLOWED = {("obfs4", "obfs4_crypto"), ("obfs4", "obfs4_drbg"), ("obfs4", "curve25519"),
+                ("obfs4", "obfs4_state"), ("obfs4_state", "curve25519"), ("obfs4_state", "obfs4_drbg"),
                 ("obfs4_crypto", "accel"), ("obfs4_crypto", "obfs4_drbg"), ("obfs4_crypto", "curve25519"),
                 ("curve25519", "accel"), ("obfs2", "accel"), ("obfs3", "accel"), ("obfs4_drbg", "accel"),
-                ("accel", "libcrypto"), ("accel", "pure_aes"), ("obfs4_crypto", "pure_salsa20")}
+                ("accel", "libcrypto"), ("accel", "pure_aes"), ("obfs4_crypto", "pure_salsa20"),
+                # webtunnel: addr= read as every address is; its client's browser hello (curl
+                # behind a socketpair), checked by its JA4 at start-up
+                ("webtunnel", "addresses"), ("webtunnel", "browser_tls"), ("webtunnel", "tlswire"),
+                ("browser_tls", "tlswire")}
 STDLIB_ONLY = ("relay", "webtunnel")
 STDLIB = getattr(sys, "stdlib_module_names", None)
 
