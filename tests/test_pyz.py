@@ -12,6 +12,7 @@ through nginx run the same archive through $OBFSPROXY_UNDER_TEST (support.Progra
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 from fake_tor import ManagedPT, client_env
 from peers import Background, Destination, hashing_echo, read_hashing, send_and_shut
-from support import ROOT, Program, fmt, socks5_connect
+from support import ROOT, Program, bootstrap, fmt, socks5_connect
 
 import obfs2
 import transports
@@ -158,6 +159,22 @@ def test_managed_mode_answers_tor(pyz, tmp_path):
         assert pt.wait() == 0
     finally:
         pt.finish()
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+def test_the_readmes_torrc_line_bootstraps_a_real_tor(pyz):
+    """The README's torrc line for the archive (python3 -I -S obfsproxy.pyz managed) on
+    both sides of a real Tor client and bridge on loopback (tests/tor-loopback.sh): the
+    client fetches the bridge's descriptor through obfs4, the bridge's side through the
+    Extended ORPort."""
+    plugin = "%s -I -S %s managed" % (sys.executable, pyz)
+    status, output, seconds = bootstrap(plugin, plugin, "obfs4")
+    match = re.search(r"^tor bootstrap through obfs4: client got the bridge descriptor \((.*)\)",
+                      output, re.M)
+    assert status == 0 and match, "exit status %d:\n%s" % (status, output)
+    assert "ExtORPort auth ok" in match.group(1), match.group(1)
+    print("\ntor bootstrap through the .pyz in %.1f s" % seconds)
 
 
 def test_the_archive_needs_no_checkout(pyz, tmp_path):

@@ -96,7 +96,11 @@ def docopt_files():
 def docopt_distribution(origin):
     """(distribution name, its licence file or None) of the installed docopt at ``origin``."""
     for dist in importlib.metadata.distributions():
-        located = [Path(dist.locate_file(f)).resolve() for f in dist.files or ()]
+        files = [f for f in dist.files or () if str(f) == "docopt.py" or str(f).startswith("docopt/")
+                 or ".dist-info/" in str(f) or ".egg-info/" in str(f)]
+        if not any(str(f).startswith("docopt") for f in files):
+            continue                      # another package: not worth resolving its files
+        located = [Path(dist.locate_file(f)).resolve() for f in files]
         if origin.resolve() not in located:
             continue
         licences = [path for path in located
