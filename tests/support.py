@@ -6,6 +6,7 @@ uses ephemeral ports), never on sleeps.
 """
 
 import base64
+import importlib
 import os
 import queue
 import re
@@ -30,6 +31,18 @@ UNDER_TEST = shlex.split(os.environ.get("OBFSPROXY_UNDER_TEST", "")) or [sys.exe
 UNDER_TEST_CWD = str(Path(UNDER_TEST[-1]).parent) if "OBFSPROXY_UNDER_TEST" in os.environ else str(ROOT)
 LISTENING = re.compile(r"listening on (\[[0-9a-f:.]+\]|[^ ]+):(\d+)")
 IN_CI = os.environ.get("CI") == "true"
+
+
+def pycryptodome_cipher(name):
+    """pycryptodome's ``Cipher.<name>``, the tests' independent second opinion, whatever
+    OBFSPROXY_CRYPTO says: pip's ``Crypto``, else Debian's ``Cryptodome``; None without
+    either."""
+    for namespace in ("Crypto", "Cryptodome"):
+        try:
+            return importlib.import_module("%s.Cipher.%s" % (namespace, name))
+        except ImportError:
+            continue
+    return None
 
 
 def load_vectors(name):

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import pytest
-from Crypto.Cipher import AES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from peers import Obfs4proxy
@@ -42,6 +41,7 @@ from support import (
     LineReader,
     Program,
     fmt,
+    pycryptodome_cipher,
     recv_all,
     recv_exact,
     socks5_connect,
@@ -52,6 +52,8 @@ import obfs2
 import tlswire
 from curve25519 import elligator2_direct, x25519
 from teaching import capture, pcap
+
+AES = pycryptodome_cipher("AES")
 
 CLIENT_HELLO = (b"\x16\x03\x01\x00\xc8\x01\x00\x00\xc4\x03\x03" + bytes(range(32))
                 + b" a TLS ClientHello: what the censor was looking for")

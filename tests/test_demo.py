@@ -26,8 +26,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from Crypto.Cipher import AES, ChaCha20_Poly1305
-from support import PROGRAM, ROOT, LineReader, closed_port, load_vectors, wait_until
+from support import PROGRAM, ROOT, LineReader, closed_port, load_vectors, pycryptodome_cipher, wait_until
 
 import proxy
 import tlswire
@@ -35,6 +34,9 @@ from curve25519 import elligator2_direct
 from obfs4_crypto import secretbox_open
 from obfs4_drbg import HashDrbg, WeightedDist
 from teaching import capture, demo, demo_obfs, demo_webtunnel
+
+AES = pycryptodome_cipher("AES")
+ChaCha20_Poly1305 = pycryptodome_cipher("ChaCha20_Poly1305")
 
 P = int(
     "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"

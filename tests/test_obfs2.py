@@ -18,11 +18,13 @@ import re
 import struct
 
 import pytest
-from Crypto.Cipher import AES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import pycryptodome_cipher
 
 import obfs2
+
+AES = pycryptodome_cipher("AES")
 
 # --- The reference, written from the spec -------------------------------------
 

@@ -18,12 +18,13 @@ import hmac
 import random
 
 import pytest
-from Crypto.Cipher import AES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import load_vectors
+from support import load_vectors, pycryptodome_cipher
 
 import obfs3
+
+AES = pycryptodome_cipher("AES")
 
 VECTORS = load_vectors("obfs3.json")
 KAT = VECTORS["uniformdh_kat"]

@@ -21,7 +21,7 @@ import pytest
 from crypto_routes import ROUTES, need, use_route
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import ROOT, load_vectors
+from support import ROOT, load_vectors, pycryptodome_cipher
 
 import accel
 import curve25519 as curve
@@ -29,13 +29,7 @@ import obfs4_crypto as c
 import obfs4_drbg
 import pure_salsa20
 
-try:        # a second opinion on Salsa20, whatever OBFSPROXY_CRYPTO says
-    from Crypto.Cipher import Salsa20
-except ImportError:
-    try:
-        from Cryptodome.Cipher import Salsa20
-    except ImportError:
-        Salsa20 = None
+Salsa20 = pycryptodome_cipher("Salsa20")   # a second opinion, whatever OBFSPROXY_CRYPTO says
 
 PRIMITIVES = load_vectors("obfs4-primitives.json")
 ELLIGATOR = load_vectors("obfs4-elligator2.json")

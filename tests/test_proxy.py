@@ -46,7 +46,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from Crypto.Cipher import AES
 from procwatch import (
     close_wait,
     cpu_seconds,
@@ -68,6 +67,7 @@ from support import (
     echo,
     fmt,
     listening_socket,
+    pycryptodome_cipher,
     recv_all,
     recv_exact,
     reserved_port,
@@ -78,6 +78,8 @@ import listener
 import obfs2
 import outbound
 import proxy
+
+AES = pycryptodome_cipher("AES")
 
 needs_signals = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
