@@ -89,6 +89,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 import weakref
 
 HELLO_ENV = "OBFSPROXY_HELLO"
@@ -140,7 +141,7 @@ void curl_slist_free_all(void *);
 
 READ_SIZE = 64 * 1024          # plaintext per curl_easy_recv
 PUMP_SIZE = 256 * 1024         # records moved per socketpair read
-HANDSHAKE_WAITS = 50           # curl_multi_wait()s of 1 ms at most per handshake step
+HANDSHAKE_WAITS = 50           # 1 ms pauses at most per handshake step (curl's timer)
 
 
 class _Curl:
@@ -162,6 +163,7 @@ class _Curl:
             raise OSError("curl_multi_init failed")
         self.results = {}       # easy handle (int) -> its CURLcode, once its handshake ended
         self.buffer, self.count = ffi.new("char[]", READ_SIZE), ffi.new("size_t *")   # locked use
+        self.running = ffi.new("int *")
         self.garbage = []       # (easy, keep-alive objects) of tunnels dropped while locked
 
         # The fd to use rides in OPENSOCKETDATA; curl neither connects nor closes it: we
@@ -203,27 +205,18 @@ class _Curl:
         else:
             theirs.close()
 
-    def perform(self, progressed):
-        """Run the multi's handshakes as far as the bytes allow; note who finished (lock
-        held). curl takes its connect step on a timer of its own (millisecond grain), so
-        until ``progressed()`` says something happened, this waits for curl's sockets
-        or timer, a millisecond at a time, at most ``HANDSHAKE_WAITS`` times (the first
-        step needs one or two; later steps, driven by bytes already in the socketpair,
-        none)."""
+    def step(self):
+        """One turn of the multi's handshakes, as far as the bytes in the socketpairs
+        allow; note whose ended (lock held)."""
         lib, ffi = self.lib, self.ffi
-        running, left = ffi.new("int *"), ffi.new("int *")
-        for _ in range(HANDSHAKE_WAITS):
-            lib.curl_multi_wait(self.multi, ffi.NULL, 0, 0, ffi.NULL)
-            lib.curl_multi_perform(self.multi, running)
-            while True:
-                message = lib.curl_multi_info_read(self.multi, left)
-                if message == ffi.NULL:
-                    break
-                if message.msg == CURLMSG_DONE:
-                    self.results[int(ffi.cast("uintptr_t", message.easy_handle))] = message.data.result
-            if progressed():
+        lib.curl_multi_wait(self.multi, ffi.NULL, 0, 0, ffi.NULL)    # which sockets have bytes
+        lib.curl_multi_perform(self.multi, self.running)
+        while True:
+            message = lib.curl_multi_info_read(self.multi, self.running)
+            if message == ffi.NULL:
                 return
-            lib.curl_multi_wait(self.multi, ffi.NULL, 0, 1, ffi.NULL)
+            if message.msg == CURLMSG_DONE:
+                self.results[int(ffi.cast("uintptr_t", message.easy_handle))] = message.data.result
 
 
 def _binary_path(wrapper):
@@ -368,20 +361,30 @@ class BrowserTLS:
     # The handshake ------------------------------------------------------------------------
 
     def do_handshake(self):
+        """One step of the handshake: returns once it is done, ``ssl.SSLWantReadError``
+        while it needs the peer's bytes. curl takes its connect step on a timer of its
+        own, at millisecond grain: until curl has done something with what it has (its
+        hello out, every byte of the peer's read, or the end), this lets a millisecond
+        pass with the lock free and tries again, at most ``HANDSHAKE_WAITS`` times (the
+        first step needs one or two; the later ones, driven by bytes, none)."""
         if self._done:
             return
         curl = self._curl
-        with curl.lock:
-            curl.collect()
-            self._push()
-            key = int(curl.ffi.cast("uintptr_t", self._easy))
-            records = self._outgoing.pending
-
-            def progressed():
+        key = int(curl.ffi.cast("uintptr_t", self._easy))
+        records = self._outgoing.pending
+        result = None
+        for _ in range(HANDSHAKE_WAITS):
+            with curl.lock:
+                curl.collect()
+                self._push()
+                curl.step()
                 self._drain()
-                return key in curl.results or self._outgoing.pending > records or self._waits()
-            curl.perform(progressed)
-            result = curl.results.pop(key, None)
+                if key in curl.results:
+                    result = curl.results.pop(key)
+                    break
+                if self._outgoing.pending > records or self._waits():
+                    break
+            time.sleep(0.001)
         if result is None:
             raise ssl.SSLWantReadError("the handshake needs the peer's bytes")
         if result != CURLE_OK:
