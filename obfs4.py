@@ -115,24 +115,31 @@ The document (doc/obfs4-spec.txt) vs the 0.0.14 code, which is what is on the wi
     forever on one write; we bound the work per write (``Obfs4.send_paced``).
 """
 
-import base64
 import collections
 import functools
 import hashlib
 import hmac
-import json
 import os
-import re
 import secrets
 import struct
 import threading
 import time
-from pathlib import Path
 
 import obfs4_crypto
-from curve25519 import elligator2_direct, generate_keypair, x25519, x25519_base
+import obfs4_state
+from curve25519 import elligator2_direct, generate_keypair, x25519
 from obfs4_crypto import SecretBox, hkdf_sha256
 from obfs4_drbg import HashDrbg, WeightedDist, close_delay
+from obfs4_state import (
+    IAT_ENABLED,
+    IAT_NONE,
+    KEY_LENGTH,
+    NODE_ID_LENGTH,
+    from_hex,
+    parse_cert,
+    parse_iat_mode,
+)
+from obfs4_state import Identity as Identity  # what ServerConfig takes (made by obfs4_state)
 
 # --- Constants (§2.1), with the spec's names -------------------------------------------
 
@@ -141,8 +148,6 @@ MARK_LENGTH = 16
 MAC_LENGTH = 16
 REPRESENTATIVE_LENGTH = 32
 AUTH_LENGTH = 32
-NODE_ID_LENGTH = 20
-KEY_LENGTH = 32                               # X25519 keys: b, B, x, X, y, Y
 # X' | M_C | MAC_C = 64;  Y' | AUTH | M_S | MAC_S = 96;  the seed frame 2 + 16 + 3 + 24 = 45
 CLIENT_MIN_HANDSHAKE_LENGTH = REPRESENTATIVE_LENGTH + MARK_LENGTH + MAC_LENGTH
 SERVER_MIN_HANDSHAKE_LENGTH = REPRESENTATIVE_LENGTH + AUTH_LENGTH + MARK_LENGTH + MAC_LENGTH
@@ -179,7 +184,6 @@ SERVER_HANDSHAKE_TIMEOUT = 30                 # seconds: obfs4proxy's serverHand
 REPLAY_TTL = 3 * 3600                         # seconds a MAC_C is remembered
 REPLAY_MAX_ENTRIES = 102400
 
-IAT_NONE, IAT_ENABLED, IAT_PARANOID = 0, 1, 2
 MAX_IAT_DELAY = 100                           # iatDist values 0..100 ...
 IAT_UNIT = 100e-6                             # ... in units of 100 µs: at most 10 ms
 PACED_QUIRK_LIMIT = 32                        # iat-mode 2: two-frame padBursts per write, then
@@ -194,9 +198,6 @@ T_VERIFY = PROTOID + b":key_verify"
 M_EXPAND = PROTOID + b":key_expand"
 SERVER_STRING = b"Server"
 
-CERT_LENGTH = NODE_ID_LENGTH + KEY_LENGTH     # 52 bytes -> 70 base64 characters
-STATE_FILE = "obfs4_state.json"
-BRIDGE_FILE = "obfs4_bridgeline.txt"
 
 # Connection states.
 NEW = "NEW"
@@ -231,33 +232,6 @@ def epoch_hour(now):
     return str(int(now) // 3600).encode("ascii")
 
 
-def _from_hex(text, length, what):
-    """Exactly ``length`` bytes from hex digits (either case), or ValueError."""
-    if not isinstance(text, str) or not re.fullmatch(r"(?:[0-9a-fA-F]{2})*", text):
-        raise ValueError("malformed %s %r: not hex" % (what, text))
-    raw = bytes.fromhex(text)
-    if len(raw) != length:
-        raise ValueError("invalid %s: %d bytes, want %d (%d hex digits)"
-                         % (what, len(raw), length, 2 * length))
-    return raw
-
-
-def parse_iat_mode(text):
-    """iat-mode as obfs4proxy parses it (Go's strconv.Atoi, then the 0..2 range check):
-    ASCII digits with an optional sign, within a 64-bit int, else "malformed"."""
-    match = re.fullmatch(r"([+-]?)0*([0-9]+)", text or "")
-    # Over 19 significant digits is past int64 for Go, and from 4301 digits on past
-    # int()'s limit for Python: decide on the digits before converting them.
-    if not match or len(match.group(2)) > 19:
-        raise ValueError("malformed iat-mode '%s'" % text)
-    mode = int(match.group(1) + match.group(2))
-    if not -2 ** 63 <= mode < 2 ** 63:
-        raise ValueError("malformed iat-mode '%s'" % text)
-    if not IAT_NONE <= mode <= IAT_PARANOID:
-        raise ValueError("invalid iat-mode '%d'" % mode)
-    return mode
-
-
 def uniform_length(lo, hi):
     """A CSPRNG length uniform in lo..hi inclusive (the handshake paddings)."""
     return lo + secrets.randbelow(hi - lo + 1)
@@ -279,227 +253,6 @@ def table(seed, lo, hi):
 def iat_seed(seed):
     """The IAT table's seed: SHA-256(seed)[0:24] (§6.3)."""
     return hashlib.sha256(seed).digest()[:SEED_LENGTH]
-
-
-# --- The cert and the server's identity (§5) ------------------------------------------
-
-def encode_cert(node_id, public_key):
-    """cert = base64(NODEID | B) with the trailing "==" removed: 70 characters, standard
-    alphabet (+ and /)."""
-    return base64.b64encode(node_id + public_key).decode("ascii")[:-2]
-
-
-def parse_cert(cert):
-    """(NODEID, B) from a cert; ValueError unless it decodes to exactly 52 bytes."""
-    try:
-        raw = base64.b64decode(cert + "==", validate=True)
-    except ValueError as error:          # binascii.Error, or a non-ASCII str
-        raise ValueError("failed to decode cert: %s" % error)
-    if len(raw) != CERT_LENGTH:
-        raise ValueError("cert length %d is invalid" % len(raw))
-    return raw[:NODE_ID_LENGTH], raw[NODE_ID_LENGTH:]
-
-
-class Identity:
-    """A server's long-term state: NODEID (20), b (32, stored unclamped; X25519 clamps),
-    B = X25519(b, 9), drbg-seed (24, seeds the length and IAT tables and the close
-    delay) and iat-mode."""
-
-    def __init__(self, node_id, private_key, drbg_seed, iat_mode=IAT_NONE):
-        if len(node_id) != NODE_ID_LENGTH or len(private_key) != KEY_LENGTH \
-                or len(drbg_seed) != SEED_LENGTH:
-            raise ValueError("an identity needs a 20-byte node-id, a 32-byte private key "
-                             "and a 24-byte drbg-seed")
-        if iat_mode not in (IAT_NONE, IAT_ENABLED, IAT_PARANOID):
-            raise ValueError("invalid iat-mode '%s'" % iat_mode)
-        self.node_id = bytes(node_id)
-        self.private_key = bytes(private_key)
-        self.public_key = x25519_base(self.private_key)
-        self.drbg_seed = bytes(drbg_seed)
-        self.iat_mode = iat_mode
-
-    @property
-    def cert(self):
-        return encode_cert(self.node_id, self.public_key)
-
-
-BRIDGE_LINE_TEMPLATE = """\
-# obfs4 torrc client bridge line
-#
-# This file is an automatically generated bridge line based on
-# the current obfs4proxy configuration.  EDITING IT WILL HAVE
-# NO EFFECT.
-#
-# Before distributing this Bridge, edit the placeholder fields
-# to contain the actual values:
-#  <IP ADDRESS>  - The public IP address of your obfs4 bridge.
-#  <PORT>        - The TCP/IP port of your obfs4 bridge.
-#  <FINGERPRINT> - The bridge's fingerprint.
-
-Bridge obfs4 <IP ADDRESS>:<PORT> <FINGERPRINT> cert=%s iat-mode=%d
-"""
-
-# obfs4_state.json's fields, in the order obfs4proxy writes them.
-STATE_FIELDS = (("node-id", str), ("private-key", str), ("public-key", str),
-                ("drbg-seed", str), ("iat-mode", int))
-
-
-def state_json(state):
-    """obfs4_state.json's bytes as Go's json.Marshal writes them: compact, the fields in
-    STATE_FIELDS order, no trailing newline, < > & escaped, other text as UTF-8."""
-    text = json.dumps({name: state[name] for name, _ in STATE_FIELDS},
-                      separators=(",", ":"), ensure_ascii=False)
-    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-                         ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
-        text = text.replace(char, escape)
-    return text.encode("utf-8")
-
-
-def _read_state(path):
-    """The fields of an existing obfs4_state.json. Like Go's json.Unmarshal into a struct:
-    names match case-insensitively, unknown fields are dropped, null is the zero value,
-    wrong types are errors. ValueError naming the file; OSError if it cannot be read."""
-    try:
-        loaded = json.loads(path.read_bytes().decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError("failed to load statefile '%s': %s" % (path, error))
-    except RecursionError:               # [[[[... deeper than Python's stack (Go allows 10,000)
-        raise ValueError("failed to load statefile '%s': nested too deeply" % path)
-    if not isinstance(loaded, dict):
-        raise ValueError("failed to load statefile '%s': not a JSON object" % path)
-    state = {"node-id": "", "private-key": "", "public-key": "", "drbg-seed": "", "iat-mode": 0}
-    types = dict(STATE_FIELDS)
-    for key, value in loaded.items():
-        name = key.lower()
-        if name not in types or value is None:
-            continue
-        if type(value) is not types[name]:
-            raise ValueError("failed to load statefile '%s': '%s' must be a %s"
-                             % (path, key, "string" if types[name] is str else "integer"))
-        state[name] = value
-    return state
-
-
-def _state_identity(state):
-    """The Identity of a state's fields (from the file, or from the options); ValueError
-    on a bad iat-mode or hex that is not exactly 20, 32 and 24 bytes (no spaces)."""
-    if not IAT_NONE <= state["iat-mode"] <= IAT_PARANOID:
-        raise ValueError("invalid iat-mode '%d'" % state["iat-mode"])
-    return Identity(_from_hex(state["node-id"], NODE_ID_LENGTH, "node-id"),
-                    _from_hex(state["private-key"], KEY_LENGTH, "private-key"),
-                    _from_hex(state["drbg-seed"], SEED_LENGTH, "drbg-seed"),
-                    state["iat-mode"])
-
-
-def read_identity(state_dir):
-    """The bridge identity in STATE_DIR/obfs4_state.json, read exactly as the server reads
-    it at start-up, and never created or written: for tools that only look (unmask's
-    --state-dir). The server (``load_or_create_state``) reads through the same two steps,
-    ``_read_state`` and ``_state_identity``; only the wording of a bad field differs: the
-    server says it as obfs4proxy does (without the file's name), this adds the name.
-
-    What is read: a JSON object whose names match case-insensitively ("NODE-ID"), unknown
-    names ignored, null or absent meaning "" or 0; node-id, private-key and drbg-seed in
-    hex of exactly 20, 32 and 24 bytes, either case, nothing around it; iat-mode 0..2.
-    "public-key" is never trusted: B is recomputed from private-key.
-
-    OSError if the file cannot be read (FileNotFoundError when there is none); ValueError,
-    naming the file, when it is not a valid state.
-    """
-    path = Path(state_dir) / STATE_FILE
-    state = _read_state(path)
-    try:
-        return _state_identity(state)
-    except ValueError as error:
-        raise ValueError("failed to load statefile '%s': %s" % (path, error))
-
-
-def _write_file(path, data):
-    """Write ``data``, creating the file with mode 0600; an existing file keeps its mode."""
-    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
-def _make_state_dir(path):
-    """mkdir -p with mode 0700 for every directory created (Go's os.MkdirAll(dir, 0700))."""
-    missing = []
-    while not path.is_dir():
-        missing.append(path)
-        path = path.parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(str(directory), 0o700)
-        except FileExistsError:
-            pass
-
-
-def load_or_create_state(state_dir, options, randbytes=os.urandom):
-    """The server's Identity, exactly as obfs4proxy 0.0.14 gets it (§5):
-
-    1. node-id, private-key, drbg-seed in ``options``: all three or none
-       ("missing argument 'private-key'"); given -> the file gets "public-key":"", and
-       whatever identity it held is replaced (even an unreadable file), as obfs4proxy does.
-       None -> load obfs4_state.json (``read_identity``'s rules), or create a fresh
-       identity and write it.
-    2. iat-mode in ``options`` overrides ("malformed iat-mode 'x'", "invalid iat-mode '3'").
-    3. Write obfs4_bridgeline.txt, then write the state back (public-key verbatim: it is
-       ignored on load and recomputed from private-key).
-
-    Files are created 0600, directories 0700. ValueError on anything bad.
-    """
-    return _load_or_create_state(state_dir, options, randbytes)[0]
-
-
-def _load_or_create_state(state_dir, options, randbytes):
-    """(Identity, notes): ``load_or_create_state``, and a line to say when identity
-    options replaced a different (or unreadable) identity in an existing state file."""
-    state_dir = Path(state_dir)
-    notes = ()
-    try:
-        _make_state_dir(state_dir)
-        path = state_dir / STATE_FILE
-        given = [name for name in ("node-id", "private-key", "drbg-seed") if name in options]
-        if not given:
-            if path.exists():
-                state = _read_state(path)
-            else:
-                # obfs4proxy's order: node-id, then b = SHA-512(32 bytes)[0:32], then the seed.
-                node_id = randbytes(NODE_ID_LENGTH)
-                private_key = hashlib.sha512(randbytes(32)).digest()[:32]
-                drbg_seed = randbytes(SEED_LENGTH)
-                state = {"node-id": node_id.hex(), "private-key": private_key.hex(),
-                         "public-key": x25519_base(private_key).hex(),
-                         "drbg-seed": drbg_seed.hex(), "iat-mode": IAT_NONE}
-                _write_file(path, state_json(state))
-        else:
-            for name in ("private-key", "node-id", "drbg-seed"):
-                if name not in options:
-                    raise ValueError("missing argument '%s'" % name)
-            state = {"node-id": options["node-id"], "private-key": options["private-key"],
-                     "public-key": "", "drbg-seed": options["drbg-seed"], "iat-mode": IAT_NONE}
-        if "iat-mode" in options:
-            state["iat-mode"] = parse_iat_mode(options["iat-mode"])
-        identity = _state_identity(state)
-        if given and os.path.lexists(str(path)) and not _holds(path, identity):
-            notes = ("node-id, private-key and drbg-seed replaced the identity in %s" % path,)
-        _write_file(state_dir / BRIDGE_FILE,
-                    (BRIDGE_LINE_TEMPLATE % (identity.cert, identity.iat_mode)).encode("ascii"))
-        _write_file(path, state_json(state))
-    except OSError as error:
-        raise ValueError("obfs4 state directory %s: %s" % (state_dir, error.strerror or error))
-    return identity, notes
-
-
-def _holds(path, identity):
-    """True if the state file at ``path`` reads as this very identity (keys, seed and
-    iat-mode); False if it differs or cannot be read."""
-    try:
-        held = read_identity(path.parent)
-    except (OSError, ValueError):
-        return False
-    return (held.node_id, held.private_key, held.drbg_seed, held.iat_mode) == \
-        (identity.node_id, identity.private_key, identity.drbg_seed, identity.iat_mode)
 
 
 # The arguments each side takes. A client's node-id + public-key is the legacy form of cert.
@@ -532,8 +285,8 @@ def parse_client_args(options):
         for given, missing in (("node-id", "public-key"), ("public-key", "node-id")):
             if missing not in options:
                 raise ValueError("%s= without %s= (or give the bridge line's cert=...)" % (given, missing))
-        node_id = _from_hex(options["node-id"], NODE_ID_LENGTH, "node-id")
-        public_key = _from_hex(options["public-key"], KEY_LENGTH, "public-key")
+        node_id = from_hex(options["node-id"], NODE_ID_LENGTH, "node-id")
+        public_key = from_hex(options["public-key"], KEY_LENGTH, "public-key")
     if "iat-mode" not in options:
         raise absent_argument("iat-mode", "no iat-mode= given (add iat-mode=0, as in the bridge line)")
     return node_id, public_key, parse_iat_mode(options["iat-mode"])
@@ -891,12 +644,14 @@ class Obfs4:
 
     @classmethod
     def server_config(cls, options, state_dir, randbytes=os.urandom):
-        """(ServerConfig, SMETHOD ARGS {"cert": ..., "iat-mode": "N"}); ``randbytes`` makes
-        a fresh identity when the state directory has none."""
+        """(ServerConfig, SMETHOD ARGS {"cert": ..., "iat-mode": "N"}), once per listener.
+        The bridge's identity comes from its state directory, which obfs4_state reads and
+        writes (the protocol itself touches no file); ``randbytes`` makes a fresh identity
+        when the directory has none."""
         refuse_unknown(options, SERVER_OPTIONS, "server")
         if state_dir is None:
             raise ValueError("obfs4 needs a state directory (--state-dir)")
-        identity, notes = _load_or_create_state(state_dir, options, randbytes)
+        identity, notes = obfs4_state.load_or_create_state(state_dir, options, randbytes)
         config = ServerConfig(identity)
         config.notes = notes
         return config, {"cert": identity.cert, "iat-mode": str(identity.iat_mode)}

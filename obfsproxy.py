@@ -492,10 +492,25 @@ def main(argv=None):
         return 130
 
 
+def teaching_absent(error, mode):
+    """1, and one line, when the teaching/ folder is not beside this script: the runtime at
+    the root serves traffic without it, but demo, unmask and detect live there. Any other
+    ImportError (a module of teaching/ missing a dependency) is raised as it is."""
+    if error.name not in ("teaching", "teaching.demo", "teaching.capture"):
+        raise error
+    print("obfsproxy.py %s: the teaching tools are not here: demo, unmask and detect need the "
+          "teaching/ folder beside obfsproxy.py (client, server and managed run without it)" % mode,
+          file=sys.stderr)
+    return 1
+
+
 def dispatch(args, mode):
     check_modes(args, mode)
     if mode == "demo":
-        import demo
+        try:
+            from teaching import demo
+        except ImportError as error:
+            return teaching_absent(error, mode)
         name = args["--transport"] or DEFAULT_TRANSPORT
         transport_class("--transport", name)
         settings, _ = base_settings(args, name)
@@ -508,7 +523,10 @@ def dispatch(args, mode):
         return managed.main(settings, options_by_transport(args, args["--transport"]), max_connections,
                             args["--log-file"], severity(args))
     if mode in ("unmask", "detect"):
-        import capture
+        try:
+            from teaching import capture
+        except ImportError as error:
+            return teaching_absent(error, mode)
         options = transport_options(args, "obfs2")   # unmask reads obfs2 with its secret
         more = {"iterations": int(options["ss-hash-iterations"])} if "ss-hash-iterations" in options else {}
         return capture.main(mode, args["<capture>"], options.get("shared-secret"),

@@ -1,18 +1,20 @@
-"""tools/check_imports.py: the import graph's rules hold, and the checker can fail.
+"""tools/check_imports.py: the import graph's rules hold, and the checker can fail;
+and the layout it checks: the root's modules carry a tunnel without teaching/.
 
 The checker runs as CI runs it (a subprocess); to show that it can fail, it
-runs again on copies of the project's top-level modules with one rule broken.
+runs again on copies of the project's modules with one rule broken.
 """
 
+import ast
 import shutil
 import subprocess
 import sys
 
 import pytest
-from support import ROOT
+from support import PROGRAM, ROOT, EchoServer, Program, echo_round_trip, fmt, socks5_connect
 
 CHECKER = str(ROOT / "tools" / "check_imports.py")
-LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "socks")
+LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "obfs4_state", "socks")
 
 
 def check(folder=None):
@@ -29,11 +31,20 @@ def graph_of(stdout):
     return graph
 
 
+def modules():
+    """The project's module names as the checker names them: the root's, and teaching.*."""
+    names = {path.stem for path in ROOT.glob("*.py")}
+    return names | {"teaching" if path.stem == "__init__" else "teaching." + path.stem
+                    for path in (ROOT / "teaching").glob("*.py")}
+
+
 @pytest.fixture
 def copy(tmp_path):
-    """A copy of the project's top-level modules, to break."""
+    """A copy of the project's modules (the root's and teaching/), to break."""
     for path in ROOT.glob("*.py"):
         shutil.copy(str(path), str(tmp_path / path.name))
+    shutil.copytree(str(ROOT / "teaching"), str(tmp_path / "teaching"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
 
 
@@ -46,10 +57,16 @@ def test_the_project_keeps_its_import_rules():
     result = check()
     assert result.returncode == 0, result.stderr
     graph = graph_of(result.stdout)
-    assert set(graph) == {path.stem for path in ROOT.glob("*.py")}
-    assert graph["obfs4"] == ["curve25519", "obfs4_crypto", "obfs4_drbg"]
+    assert set(graph) == modules()
+    assert {"teaching.demo", "teaching.capture", "teaching.tlswire"} <= set(graph)
+    runtime = [module for module in graph if not module.startswith("teaching")]
+    assert not [(m, d) for m in runtime if m != "obfsproxy" for d in graph[m] if d.startswith("teaching")]
+    assert {"teaching.demo", "teaching.capture"} <= set(graph["obfsproxy"])   # lazily, in dispatch
+    assert graph["obfs4"] == ["curve25519", "obfs4_crypto", "obfs4_drbg", "obfs4_state"]
+    assert graph["obfs4_state"] == ["curve25519", "obfs4_drbg"]
     assert graph["relay"] == graph["webtunnel"] == graph["accel"] == []
-    assert all(set(graph[leaf]) <= {"obfs4_crypto", "obfs4_drbg", "curve25519", "accel"} for leaf in LEAVES)
+    assert all(set(graph[leaf]) <= {"obfs4_crypto", "obfs4_drbg", "obfs4_state", "curve25519", "accel"}
+               for leaf in LEAVES)
     assert "obfsproxy" not in [dep for deps in graph.values() for dep in deps]
     assert graph["proxy"] and "transports" in graph["proxy"]   # the graph is really read
 
@@ -77,12 +94,71 @@ def test_importing_the_cli_fails(copy):
 @pytest.mark.parametrize("leaf,dep", [("socks", "transports"), ("obfs3", "obfs2"),
                                       ("obfs4_crypto", "obfs4"), ("obfs2", "outbound"),
                                       ("relay", "listener"), ("relay", "proxy"),
-                                      ("webtunnel", "outbound")])
+                                      ("webtunnel", "outbound"), ("teaching/tlswire", "obfs2"),
+                                      ("obfs4_state", "obfs4")])
 def test_a_leaf_importing_the_project_fails(copy, leaf, dep):
     append(copy / ("%s.py" % leaf), "\nimport %s  # noqa\n" % dep)
+    leaf = leaf.replace("/", ".")
     result = check(copy)
     assert result.returncode == 1
     assert "%s is a sans-IO leaf but imports %s" % (leaf, dep) in result.stderr
+
+
+@pytest.mark.parametrize("line", ["from teaching import present", "import teaching.pcap",
+                                  "from teaching.capture import FirstPacket"])
+def test_the_runtime_importing_teaching_fails(copy, line):
+    append(copy / "transports.py", "\n\ndef later():\n    %s  # noqa\n" % line)
+    result = check(copy)
+    assert result.returncode == 1
+    assert "transports is the runtime but imports teaching." in result.stderr
+
+
+def test_the_obfs4_protocol_does_no_file_io():
+    """obfs4.py names no file API: the bridge's files are obfs4_state's. Of ``os`` it
+    uses the CSPRNG only; no open(), no pathlib, json, shutil or tempfile."""
+    tree = ast.parse((ROOT / "obfs4.py").read_text(encoding="utf-8"))
+    used_of_os = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                  and isinstance(node.value, ast.Name) and node.value.id == "os"}
+    assert used_of_os == {"urandom"}
+    assert not [node for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == "open"]
+    modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not modules & {"pathlib", "json", "shutil", "tempfile", "io"}
+    state = ast.parse((ROOT / "obfs4_state.py").read_text(encoding="utf-8"))
+    assert any(isinstance(node, ast.Attribute) and node.attr == "open" for node in ast.walk(state))
+
+
+def test_the_cli_importing_teaching_at_its_top_fails(copy):
+    append(copy / "obfsproxy.py", "\nfrom teaching import demo  # noqa\n")
+    result = check(copy)
+    assert result.returncode == 1
+    assert "obfsproxy imports teaching.demo at its top" in result.stderr
+
+
+def test_the_root_alone_carries_a_tunnel(tmp_path):
+    """The root's *.py copied without teaching/: every module imports, a tunnel carries
+    bytes both ways, and demo, unmask and detect each say in one line what is missing."""
+    for path in ROOT.glob("*.py"):
+        shutil.copy(str(path), str(tmp_path / path.name))
+    names = sorted(path.stem for path in tmp_path.glob("*.py"))
+    imported = subprocess.run([sys.executable, "-c", "import %s" % ", ".join(names)], cwd=str(tmp_path),
+                              capture_output=True, text=True, timeout=60)
+    assert imported.returncode == 0, imported.stderr
+    script = str(tmp_path / "obfsproxy.py")
+    assert script != PROGRAM
+    with EchoServer() as echo:
+        with Program("server", "--transport=obfs2", "--dest=" + fmt(echo.address), "127.0.0.1:0",
+                     script=script) as server:
+            with Program("client", "--transport=obfs2", "127.0.0.1:0", script=script) as client:
+                with socks5_connect(client.address, server.address) as sock:
+                    assert echo_round_trip(sock, b"the root alone" * 1000) == b"the root alone" * 1000
+    for command in (["demo"], ["unmask", "x.pcap"], ["detect", "x.pcap"]):
+        done = subprocess.run([sys.executable, script, *command], cwd=str(tmp_path), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and done.stdout == ""
+        assert done.stderr.count("\n") == 1
+        assert done.stderr.startswith("obfsproxy.py %s: the teaching tools are not here" % command[0])
+        assert "teaching/ folder" in done.stderr
 
 
 @pytest.mark.skipif(not hasattr(sys, "stdlib_module_names"), reason="Python names its stdlib from 3.10")

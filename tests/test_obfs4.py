@@ -27,6 +27,7 @@ from support import load_vectors
 
 import curve25519
 import obfs4
+import obfs4_state
 from curve25519 import x25519, x25519_base
 from obfs4_crypto import secretbox_open, secretbox_seal
 from obfs4_drbg import HashDrbg, WeightedDist
@@ -277,7 +278,7 @@ def test_session_vector_is_what_the_spec_says(crypto_route):
     mac_c = H16(KEY, x_repr + pad_c + m_c + S["epoch_hour_E"].encode())
     assert (m_c, mac_c) == (hx(S["M_C"]), hx(S["MAC_C"]))
     assert x_repr + pad_c + m_c + mac_c == hx(S["client_handshake"])
-    assert CERT == obfs4.encode_cert(NODE_ID, B) and len(CERT) == 70
+    assert CERT == obfs4_state.encode_cert(NODE_ID, B) and len(CERT) == 70
     for frames, key in ((S["client_to_server_frames"], C2S), (S["server_to_client_frames"], S2C)):
         drbg = HashDrbg(key[48:])
         for i, f in enumerate(frames, 1):
@@ -517,8 +518,8 @@ def test_replayed_handshake_is_rejected_but_new_padding_is_not():
 
 
 @pytest.mark.parametrize("options", [
-    {"cert": obfs4.encode_cert(b"\x01" * 20, B), "iat-mode": "0"},                  # wrong NODEID
-    {"cert": obfs4.encode_cert(NODE_ID, x25519_base(b"\x05" * 32)), "iat-mode": "0"},  # wrong B
+    {"cert": obfs4_state.encode_cert(b"\x01" * 20, B), "iat-mode": "0"},                  # wrong NODEID
+    {"cert": obfs4_state.encode_cert(NODE_ID, x25519_base(b"\x05" * 32)), "iat-mode": "0"},  # wrong B
 ], ids=["node-id", "public-key"])
 def test_wrong_bridge_identity_gets_silence(options):
     server = make_server()
@@ -1288,19 +1289,19 @@ def test_state_field_names_match_case_insensitively_as_in_go(tmp_path):
 
 def test_fresh_state_from_the_csprng_and_reuse_keeps_the_cert(tmp_path):
     node_id, key_input, seed = filler(20, 1), filler(32, 2), filler(24, 3)
-    identity = obfs4.load_or_create_state(tmp_path / "s", {}, Script(node_id, key_input, seed))
+    identity = obfs4_state.load_or_create_state(tmp_path / "s", {}, Script(node_id, key_input, seed))[0]
     private_key = hashlib.sha512(key_input).digest()[:32]           # stored unclamped
     public_key = x25519(private_key, (9).to_bytes(32, "little"))
     expected = ('{"node-id":"%s","private-key":"%s","public-key":"%s","drbg-seed":"%s","iat-mode":0}'
                 % (node_id.hex(), private_key.hex(), public_key.hex(), seed.hex())).encode()
     assert (tmp_path / "s" / "obfs4_state.json").read_bytes() == expected
-    assert identity.cert == obfs4.encode_cert(node_id, public_key)
+    assert identity.cert == obfs4_state.encode_cert(node_id, public_key)
     assert mode(tmp_path / "s" / "obfs4_state.json") == 0o600 and mode(tmp_path / "s") == 0o700
-    again = obfs4.load_or_create_state(tmp_path / "s", {}, Script())   # draws nothing
+    again = obfs4_state.load_or_create_state(tmp_path / "s", {}, Script())[0]   # draws nothing
     assert again.cert == identity.cert
     assert (tmp_path / "s" / "obfs4_state.json").read_bytes() == expected
     # iat-mode from the options overrides and is written back.
-    third = obfs4.load_or_create_state(tmp_path / "s", {"iat-mode": "2"}, Script())
+    third = obfs4_state.load_or_create_state(tmp_path / "s", {"iat-mode": "2"}, Script())[0]
     assert third.iat_mode == 2 and third.cert == identity.cert
     assert (tmp_path / "s" / "obfs4_state.json").read_bytes() == expected.replace(b':0}', b':2}')
     assert (tmp_path / "s" / "obfs4_bridgeline.txt").read_text().endswith(" iat-mode=2\n")
@@ -1315,7 +1316,7 @@ def test_a_deeply_nested_state_file_is_a_value_error(tmp_path, content):
     with pytest.raises(ValueError, match="failed to load statefile"):
         obfs4.Obfs4.server_config({}, tmp_path)
     with pytest.raises(ValueError, match="failed to load statefile"):
-        obfs4.read_identity(tmp_path)
+        obfs4_state.read_identity(tmp_path)
     assert (tmp_path / "obfs4_state.json").read_bytes() == content
     assert not (tmp_path / "obfs4_bridgeline.txt").exists()
 
@@ -1338,7 +1339,7 @@ def test_read_identity_reads_what_the_server_reads_and_writes_nothing(tmp_path, 
     path = tmp_path / "obfs4_state.json"
     path.write_text(content)
     os.utime(str(path), (1000000000, 1000000000))
-    identity = obfs4.read_identity(tmp_path)
+    identity = obfs4_state.read_identity(tmp_path)
     assert identity.iat_mode == iat_mode
     assert identity.private_key == hx("21" * 32) and identity.drbg_seed == hx("07" * 24)
     assert path.read_text() == content and os.stat(str(path)).st_mtime == 1000000000
@@ -1361,18 +1362,18 @@ def test_read_identity_reads_what_the_server_reads_and_writes_nothing(tmp_path, 
 def test_read_identity_refuses_what_the_server_refuses(tmp_path, content):
     (tmp_path / "obfs4_state.json").write_text(content, encoding="utf-8")
     with pytest.raises(ValueError, match=r"failed to load statefile '.*obfs4_state\.json'"):
-        obfs4.read_identity(tmp_path)
+        obfs4_state.read_identity(tmp_path)
     with pytest.raises(ValueError):
         obfs4.Obfs4.server_config({}, tmp_path)
 
 
 def test_read_identity_of_a_missing_or_unreadable_file_is_an_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
-        obfs4.read_identity(tmp_path / "nowhere")
+        obfs4_state.read_identity(tmp_path / "nowhere")
     assert not (tmp_path / "nowhere").exists()                   # nothing created
     (tmp_path / "obfs4_state.json").write_bytes(b"\xff\xfe")
     with pytest.raises(ValueError, match="failed to load statefile"):
-        obfs4.read_identity(tmp_path)                             # not UTF-8: not a state
+        obfs4_state.read_identity(tmp_path)                             # not UTF-8: not a state
 
 
 IDENTITY_OPTIONS = {"node-id": "11" * 20, "private-key": "21" * 32, "drbg-seed": "07" * 24}
@@ -1401,7 +1402,7 @@ def test_identity_options_that_replace_a_state_file_say_so(tmp_path, before, opt
         assert config.notes == ("node-id, private-key and drbg-seed replaced the identity in %s" % path,)
     else:
         assert config.notes == ()
-    assert obfs4.read_identity(tmp_path).cert == config.identity.cert    # what is on disk now
+    assert obfs4_state.read_identity(tmp_path).cert == config.identity.cert    # what is on disk now
 
 
 def parse_pt_options(text):
@@ -1453,7 +1454,7 @@ def test_server_config_needs_a_state_dir():
 
 def test_state_json_escapes_like_go():
     state = {"node-id": "a", "private-key": "b", "public-key": "<&>\u2028é", "drbg-seed": "c", "iat-mode": 1}
-    assert obfs4.state_json(state) == (
+    assert obfs4_state.state_json(state) == (
         '{"node-id":"a","private-key":"b","public-key":"\\u003c\\u0026\\u003e\\u2028é",'
         '"drbg-seed":"c","iat-mode":1}').encode()
 

@@ -1,29 +1,33 @@
 #!/usr/bin/env python3
 """check_imports.py: the project's import graph, and the rules it must keep.
 
-Reads every top-level ``*.py`` of the project with ``ast`` (nothing is
-imported or run), keeps the imports that name one of the project's own
-modules, wherever they stand (a lazy ``import demo`` inside a function is an
-edge too), prints the graph one ``module -> deps`` line per module, and
-checks four rules::
+Reads every ``*.py`` of the project's root (the runtime) and of ``teaching/`` (the
+teaching tools, named ``teaching.demo`` and so on) with ``ast`` (nothing is imported or
+run), keeps the imports that name one of the project's own modules, wherever they stand
+(a lazy import inside a function is an edge too), prints the graph one ``module -> deps``
+line per module, and checks five rules::
 
     1. no cycle                    a -> b -> a would make the layers meaningless
     2. nobody imports obfsproxy    the CLI is the top; nothing may depend on it
-    3. the sans-IO leaves          obfs2, obfs3, obfs4 and its primitives, socks,
-       import nothing of ours,     webtunnel, tlswire and the relay, except obfs4 ->
-                                   its primitives (LEAF_ALLOWED); a
+    3. the leaves import           obfs2, obfs3, obfs4, its primitives and its state,
+       nothing of ours             socks, webtunnel, teaching.tlswire and the relay,
+                                   except obfs4 -> its pieces (LEAF_ALLOWED); a
                                    leaf that imported proxy would drag sockets
                                    and threads into the protocol, a relay that
                                    imported the listener would know tunnels
     4. the standard library only   relay and webtunnel import nothing outside it
                                    (checked where Python names its standard
                                    library: 3.10 and newer)
+    5. the runtime never imports   the root's *.py carry a tunnel alone, so a machine
+       teaching                    that only serves traffic takes the root alone; the
+                                   CLI reaches demo, unmask and detect inside a
+                                   function, only when one of them runs
 
 Exit status 0 when all hold, 1 (with one line per violation on stderr) when
 one does not or a file does not parse.
 
 Usage: ``python3 tools/check_imports.py [PROJECT_DIR]`` (default: the folder
-above this script). The tests run it on a copy with a cycle injected, to show
+above this script). The tests run it on a copy with a rule broken, to show
 that it can fail.
 """
 
@@ -32,41 +36,75 @@ import sys
 from pathlib import Path
 
 CLI = "obfsproxy"
-LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "obfs4_drbg", "curve25519", "accel", "socks",
-          "webtunnel", "tlswire", "relay")
+TEACHING = "teaching"
+LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_state", "obfs4_crypto", "obfs4_drbg", "curve25519", "accel",
+          "socks", "webtunnel", "teaching.tlswire", "relay")
 # obfs4 and its primitives: the frame cipher (and the route report), the DRBG, the keys,
-# and the accelerator's route chooser they share.
+# and the accelerator's route chooser they share; and the bridge's identity and its files
+# (obfs4_state: the only file I/O among the leaves, which obfs4's server_config reaches
+# once per listener; it never imports the protocol, so the protocol can import it).
 LEAF_ALLOWED = {("obfs4", "obfs4_crypto"), ("obfs4", "obfs4_drbg"), ("obfs4", "curve25519"),
+                ("obfs4", "obfs4_state"), ("obfs4_state", "curve25519"), ("obfs4_state", "obfs4_drbg"),
                 ("obfs4_crypto", "accel"), ("obfs4_crypto", "obfs4_drbg"), ("obfs4_crypto", "curve25519"),
                 ("curve25519", "accel")}
 STDLIB_ONLY = ("relay", "webtunnel")
 STDLIB = getattr(sys, "stdlib_module_names", None)
 
 
-def imported_names(tree):
-    """The top-level package name of every absolute import in ``tree``."""
-    names = set()
+def imports(tree):
+    """{name: lazy} for every absolute import in ``tree``: the module named (``teaching.pcap``
+    for ``from teaching import pcap`` or ``from teaching.pcap import load``, else the
+    top-level name) and whether every import of it stands inside a function."""
+    inside = {id(node) for function in ast.walk(tree)
+              if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for node in ast.walk(function) if node is not function}
+    found = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names
+            names = [node.module]
+            if node.module == TEACHING:
+                names = ["%s.%s" % (TEACHING, alias.name) for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            name = ".".join(parts[:2]) if parts[0] == TEACHING else parts[0]
+            found[name] = found.get(name, True) and id(node) in inside
+    return found
 
 
-def build_graph(folder, outside=None):
+def sources(folder):
+    """{module: path}: the root's *.py by name, teaching/*.py as teaching.<name>."""
+    folder = Path(folder)
+    paths = {path.stem: path for path in sorted(folder.glob("*.py"))}
+    for path in sorted((folder / TEACHING).glob("*.py")):
+        paths[TEACHING if path.stem == "__init__" else "%s.%s" % (TEACHING, path.stem)] = path
+    return paths
+
+
+def build_graph(folder, outside=None, lazy=None):
     """{module: sorted list of the project modules it imports}. SyntaxError
     (with the file name) when a file does not parse. ``outside``, if given, is
-    filled with {module: the names it imports that are not the project's}."""
-    paths = {path.stem: path for path in sorted(Path(folder).glob("*.py"))}
+    filled with {module: the names it imports that are not the project's};
+    ``lazy`` with {module: the project modules it imports only inside functions}."""
+    paths = sources(folder)
     graph = {}
     for module, path in paths.items():
         source = path.read_text(encoding="utf-8")
-        names = imported_names(ast.parse(source, filename=str(path)))
+        found = imports(ast.parse(source, filename=str(path)))
+        names = set(found)
         graph[module] = sorted((names & set(paths)) - {module})
         if outside is not None:
             outside[module] = sorted(names - set(paths))
+        if lazy is not None:
+            lazy[module] = sorted(name for name in graph[module] if found[name])
     return graph
+
+
+def is_teaching(module):
+    return module == TEACHING or module.startswith(TEACHING + ".")
 
 
 def find_cycle(graph):
@@ -98,9 +136,19 @@ def find_cycle(graph):
     return None
 
 
-def violations(graph, outside=None):
+def violations(graph, outside=None, lazy=None):
     """Every broken rule, one sentence each."""
     problems = []
+    for module, deps in sorted(graph.items()):
+        if is_teaching(module):
+            continue
+        for dep in filter(is_teaching, deps):
+            if module != CLI:
+                problems.append("%s is the runtime but imports %s (the root must serve traffic "
+                                "without teaching/)" % (module, dep))
+            elif lazy is not None and dep not in lazy.get(module, ()):
+                problems.append("%s imports %s at its top (import it inside the function that "
+                                "needs it, so the root runs without teaching/)" % (module, dep))
     for module in STDLIB_ONLY:
         if STDLIB is not None and outside and module in outside:
             for name in outside[module]:
@@ -122,9 +170,9 @@ def violations(graph, outside=None):
 
 def main(argv):
     folder = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent.parent
-    outside = {}
+    outside, lazy = {}, {}
     try:
-        graph = build_graph(folder, outside)
+        graph = build_graph(folder, outside, lazy)
     except SyntaxError as error:
         print("check_imports: cannot parse %s: %s" % (error.filename, error.msg), file=sys.stderr)
         return 1
@@ -133,7 +181,7 @@ def main(argv):
         return 1
     for module, deps in sorted(graph.items()):
         print("%s -> %s" % (module, ", ".join(deps) if deps else "(nothing of ours)"))
-    problems = violations(graph, outside)
+    problems = violations(graph, outside, lazy)
     for problem in problems:
         print("check_imports: %s" % problem, file=sys.stderr)
     return 1 if problems else 0

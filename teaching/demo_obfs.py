@@ -4,15 +4,23 @@ derived them, the data as sent; every value checked against the recorded wire.""
 
 import time
 
-import capture
 import obfs2
 import obfs3
 import obfs4
-import present
+import obfs4_state
 from curve25519 import elligator2_direct, x25519
-from demo_base import MESSAGE, SHOW_FRAMES, application_bytes, ephemeral_secret, hexblock
 from obfs4_crypto import SecretBox
 from obfs4_drbg import HashDrbg
+from teaching import capture, present
+from teaching.demo_base import (
+    MESSAGE,
+    SHOW_FRAMES,
+    Stage,
+    application_bytes,
+    bytes_from,
+    ephemeral_secret,
+    hexblock,
+)
 
 
 def walk_obfs2(walk):
@@ -189,8 +197,8 @@ def walk_obfs4(walk):
     print("  iat-mode = %d. The client knows NODEID and B from the cert; KEY = B | NODEID signs"
           % identity.iat_mode)
     print("  every mark and MAC below, so only clients given the bridge line can speak to it.")
-    walk.check(walk.exchange.announce["cert"] == obfs4.encode_cert(identity.node_id, identity.public_key),
-               "the cert is not NODEID | B")
+    cert = obfs4_state.encode_cert(identity.node_id, identity.public_key)
+    walk.check(walk.exchange.announce["cert"] == cert, "the cert is not NODEID | B")
 
     walk.title("The client's handshake: X' | P_C | M_C | MAC_C, one write")
     m_c = obfs4.h16(key, c_sent[:32])
@@ -239,18 +247,46 @@ def walk_obfs4(walk):
     walk.check(s_frames[:1] and s_frames[0][4][0] == obfs4.PACKET_TYPE_PRNG_SEED
                and s_frames[0][4][3:27] == identity.drbg_seed, "the seed frame does not carry the drbg-seed")
     if walk.client.iat_mode == obfs4.IAT_NONE:    # 1 and 2 cut bursts into pieces: see below
-        table = walk.server.config.len_dist
-        lengths = [table.lo + value for value in table.values]
-        bursts = [len(piece) for piece in walk.exchange.client.pieces[1:]]
-        walk.check(all(burst % obfs4.MAXIMUM_SEGMENT_LENGTH in lengths for burst in bursts),
-                   "a burst of the client is not a length from the bridge's table")
-        print("  The client's bursts: %s bytes of frames; mod 1448: %s, lengths from the bridge's table."
-              % (", ".join(map(str, bursts)), ", ".join(str(b % obfs4.MAXIMUM_SEGMENT_LENGTH)
-                                                        for b in bursts)))
+        bursts_section(walk, c_frames)
     print("  Checked: every frame opened (Poly1305 tags), the payloads are the message and its echo,")
     print("  and the server's first frame carries its drbg-seed, %s: the client's" % identity.drbg_seed.hex())
     print("  padding now follows the bridge's length table, so all its clients look alike.")
     iat_section(walk)
+
+
+def bursts_section(walk, frames):
+    """Where each burst of the client's (one write in iat-mode 0: data frames, then the
+    padding frames of padBurst, obfs4-spec 2.10) ended, against the bridge's table.
+
+    padBurst pads to a sampled length t modulo 1448 (t = 1448 ends on 0), so a burst
+    ends on t, unless the padding it needed was 1..21 bytes: no larger than a frame's
+    overhead, too small for a frame of its own. Then it sends a full 1448-byte padding
+    frame and one of pad + 21 bytes, and the burst ends 21 bytes past t. obfs4proxy
+    does the same, so we copy it: the burst lengths of ours and theirs must not differ."""
+    segment, overhead = obfs4.MAXIMUM_SEGMENT_LENGTH, obfs4.HEADER_LENGTH
+    table = walk.server.config.len_dist
+    lengths = {(table.lo + value) % segment for value in table.values}     # 1448 ends a burst on 0
+    start, shown = 0, []
+    for piece in walk.exchange.client.pieces[1:]:
+        end = start + len(piece)
+        padding = [2 + length for pos, _, _, length, packet in frames
+                   if start <= pos < end and packet[0] == 0 and packet[1:3] == b"\0\0"]
+        ends = len(piece) % segment
+        if not padding or (len(padding) == 1 and padding[0] > overhead):
+            target, how = ends, "%d" % ends              # no padding, or one frame of just what was needed
+        elif len(padding) == 2 and padding[0] == segment and overhead < padding[1] <= 2 * overhead:
+            target = (ends - overhead) % segment
+            how = "%d = %d + 21, padBurst's two-frame case" % (ends, target)
+        else:
+            target, how = None, "%d, padding frames padBurst does not make" % ends
+        shown.append("%d (mod 1448: %s)" % (len(piece), how))
+        walk.check(target in lengths, "the client's burst of %d bytes does not end on a length from "
+                   "the bridge's table (padBurst)" % len(piece))
+        start = end
+    print("  The client's bursts: %s; each ends on a length from the bridge's table." % ", ".join(shown))
+    print("  When the padding needed is 1..21 bytes (no more than a frame's 21-byte overhead), padBurst")
+    print("  adds a 1448-byte frame and one of pad + 21 bytes: the burst ends 21 bytes past the length")
+    print("  drawn. obfs4proxy does the same, so ours copies it: a different length would tell us apart.")
 
 
 def ntor_section(walk, x_u, y_u, auth_on_wire):
@@ -346,3 +382,13 @@ def iat_section(walk):
         print("  longer show the application's timing or write sizes.")
         walk.check(all(size <= obfs4.MAXIMUM_SEGMENT_LENGTH for size in sizes) or mode != obfs4.IAT_ENABLED,
                    "an iat-mode 1 piece is longer than 1448 bytes")
+
+
+class Obfs4Stage(Stage):
+    """obfs4's bridge makes its long-term identity (NODEID, b, drbg-seed, and so its
+    length table) in the demo's state directory: from ``rng`` when the demo has a seed."""
+
+    def server_config(self, cls, directory, rng=None):
+        if rng is None:
+            return Stage.server_config(self, cls, directory)
+        return cls.server_config(self.server_options, directory, randbytes=bytes_from(rng))

@@ -46,11 +46,9 @@ demo_base.py. A transport without a walk of its own gets ``walk_generic``.
 import sys
 import textwrap
 
-import capture
-import demo_obfs
-import demo_webtunnel
-import present
-from demo_base import (
+from outbound import format_address
+from teaching import capture, demo_obfs, demo_webtunnel, present
+from teaching.demo_base import (
     MESSAGE,
     SHOW_FRAMES,
     SIGNATURES,
@@ -58,17 +56,17 @@ from demo_base import (
     application_bytes,
     run_exchange,
 )
-from outbound import format_address
 
 
-def main(name, options, settings, record_dir=None):
+def main(name, options, settings, record_dir=None, seed=None):
     """``obfsproxy.py demo``: 0 when the message came back byte for byte and every value
     shown checked out. A transport without a walk of its own (``WALKS``) gets the
     generic one: every piece each side put on the wire, and the checks that hold
-    for any transport."""
+    for any transport. ``seed``: the random choices come from it (demo_base.seeded),
+    so a run can be repeated; None (the command) draws from the CSPRNG."""
     style = present.Style.for_stream(sys.stdout)
     try:
-        exchange = run_exchange(name, options, settings, STAGES.get(name))
+        exchange = run_exchange(name, options, settings, STAGES.get(name), seed)
     except (RuntimeError, OSError, ValueError) as exc:
         print(style("bad", "FAILED: the demo connection did not work: %s" % exc))
         return 1
@@ -206,4 +204,4 @@ def walk_dummy(walk):
 # needs around the demo connection (webtunnel: its certificate and key log).
 WALKS = {"dummy": walk_dummy, "obfs2": demo_obfs.walk_obfs2, "obfs3": demo_obfs.walk_obfs3,
          "obfs4": demo_obfs.walk_obfs4, "webtunnel": demo_webtunnel.walk_webtunnel}
-STAGES = {"webtunnel": demo_webtunnel.WebTunnelStage}
+STAGES = {"obfs4": demo_obfs.Obfs4Stage, "webtunnel": demo_webtunnel.WebTunnelStage}

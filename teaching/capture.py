@@ -51,10 +51,11 @@ from pathlib import Path
 import obfs2
 import obfs3
 import obfs4
-import tlswire
+import obfs4_state
 from curve25519 import elligator2_direct, x25519
-from pcap import CaptureError, load
-from present import (
+from teaching import tlswire
+from teaching.pcap import CaptureError, load
+from teaching.present import (
     FIELD_HEADER,
     PLAIN,
     duration,
@@ -364,16 +365,16 @@ def explain_obfs4(conv):
 
 class Bridge:
     """An obfs4 bridge's identity, read (never written) from its state directory's
-    obfs4_state.json by the server's own loader (``obfs4.read_identity``), so that
+    obfs4_state.json by the server's own loader (``obfs4_state.read_identity``), so that
     unmask accepts exactly the state files a bridge accepts."""
 
     def __init__(self, state_dir):
-        path = Path(state_dir) / obfs4.STATE_FILE
+        path = Path(state_dir) / obfs4_state.STATE_FILE
         try:
-            self.identity = obfs4.read_identity(state_dir)
+            self.identity = obfs4_state.read_identity(state_dir)
         except FileNotFoundError:
             raise CaptureError("%s: no %s: --state-dir must be an obfs4 bridge's state directory"
-                               % (state_dir, obfs4.STATE_FILE))
+                               % (state_dir, obfs4_state.STATE_FILE))
         except OSError as exc:
             raise CaptureError("%s: %s" % (path, exc.strerror or exc))
         except ValueError as exc:

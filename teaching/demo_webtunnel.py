@@ -28,12 +28,11 @@ from Crypto.Hash import SHA256
 from Crypto.PublicKey import ECC
 from Crypto.Signature import DSS
 
-import present
 import proxy
-import tlswire
 import webtunnel
-from demo_base import MESSAGE, Stage, application_bytes
 from outbound import format_address, is_ip_literal
+from teaching import present, tlswire
+from teaching.demo_base import MESSAGE, Stage, application_bytes
 
 # --- webtunnel: the demo's certificate --------------------------------------------------------
 #
@@ -144,14 +143,15 @@ class WebTunnelStage(Stage):
     context trusts the demo's CA and writes a key log, which ``finish`` reads: the
     TLS secrets only the ends hold, with which the demo opens the recorded records."""
 
-    def __init__(self, options, directory):
-        Stage.__init__(self, options, directory)
+    def __init__(self, options, directory, rng=None):
+        Stage.__init__(self, options, directory, rng)
         unknown = sorted(set(options) - {"url"})
         if unknown:
             raise ValueError("the webtunnel demo takes url= only (it makes its own certificate), "
                              "not %s" % ", ".join(unknown))
+        choice = secrets.choice if rng is None else rng.choice
         self.url = options.get("url") or "https://wt.test/" + "".join(
-            secrets.choice(string.ascii_letters + string.digits) for _ in range(16))
+            choice(string.ascii_letters + string.digits) for _ in range(16))
         parts = urlsplit(self.url)
         self.tls = parts.scheme.lower() == "https"
         self.server_options = {"url": self.url}

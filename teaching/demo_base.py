@@ -1,9 +1,11 @@
 """demo_base.py: the demo's machinery, shared by its walks (demo.py says what the
 demo is): one connection run in this process with each side's wire recorded
-(``run_exchange``: an echo service, a server and a SOCKS client on 127.0.0.1), and
-the helpers every walk prints and checks with (``Walk``)."""
+(``run_exchange``: an echo service, a server and a SOCKS client on 127.0.0.1), the
+demo's seeded random source (``seeded``, ``reseed``), and the helpers every walk
+prints and checks with (``Walk``)."""
 
 import dataclasses
+import random
 import socket
 import tempfile
 import threading
@@ -11,13 +13,14 @@ import time
 from pathlib import Path
 
 import listener
+import obfs2
 import obfs3
 import obfs4
 import outbound
-import present
 import proxy
 import transports
 from outbound import format_address
+from teaching import present
 
 MESSAGE = (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
            b" <- a TLS ClientHello starts like this; a DPI box matches it. "
@@ -63,18 +66,60 @@ class _Recorder(transports.Recorder):
 
 class Tap:
     """Keeps each new transport's wire bytes in memory (the same wrapper as
-    --record-dir): ``Settings(wrappers=(Tap(),))``; ``taps`` lists a ``Wire`` per transport."""
+    --record-dir): ``Settings(wrappers=(Tap(),))``; ``taps`` lists a ``Wire`` per transport.
+    With ``rng`` (a seeded ``random.Random``), each new transport draws from it (``reseed``)."""
 
-    def __init__(self):
+    def __init__(self, rng=None):
         self.taps = []
+        self.rng = rng
 
     def __call__(self, transport):
         wire = Wire(transport)
         self.taps.append(wire)
         inner = transports.innermost(transport)    # under --record-dir's recorder, if any
+        if self.rng is not None:
+            reseed(inner, self.rng)
         if isinstance(inner, obfs4.Obfs4):
             keep_secret(inner.config, wire)
         return _Recorder(transport, wire)
+
+
+# --- The seeded random source ----------------------------------------------------------
+#
+# A real tunnel draws from the CSPRNG. The demo can draw from a seed instead, so that a
+# run is repeated by its seed: the tests run hundreds of seeds, and a walk whose checks
+# hold only for most draws fails on a seed that can be run again. Each role (the
+# bridge's state, the server, the client, the stage) has a stream of its own, so the
+# order in which the threads draw does not change what each draws. Python's ssl draws
+# its own randomness: a webtunnel run repeats its path, not its TLS bytes.
+
+def seeded(seed, role):
+    """The ``random.Random`` of ``role`` for ``seed``, or None (the CSPRNG) without a seed."""
+    return None if seed is None else random.Random("obfsproxy demo %s %s" % (seed, role))
+
+
+def bytes_from(rng):
+    """``randbytes(n)`` drawn from ``rng`` (``random.Random.randbytes`` is Python 3.9+)."""
+    return lambda n: rng.getrandbits(8 * n).to_bytes(n, "little") if n else b""
+
+
+def reseed(transport, rng):
+    """Make a new transport, before its ``start()``, draw from ``rng`` what it would draw
+    from the CSPRNG: obfs4's and obfs3's through their configs' injectable sources;
+    obfs2 draws its SEED and PADLEN as it is made, so they are drawn again here.
+    Other transports keep their own randomness."""
+    randbytes = bytes_from(rng)
+    if isinstance(transport, obfs4.Obfs4):
+        config = transport.config
+        config.randbytes, config.randbelow, config.pad_length = randbytes, rng.randrange, rng.randint
+        config.sample = lambda dist: dist.sample(rng.randrange, rng.random)
+    elif isinstance(transport, obfs3.Obfs3):
+        transport.config = dataclasses.replace(transport.config, randbytes=randbytes,
+                                               padlen=lambda: rng.randint(0, obfs3.MAX_PADLEN))
+        transport.padlen1, transport.padlen2 = transport.config.padlen(), transport.config.padlen()
+    elif isinstance(transport, obfs2.Obfs2):
+        transport.seed, transport._randbytes = randbytes(obfs2.SEED_LENGTH), randbytes
+        transport.padlen = rng.randint(0, obfs2.MAX_PADDING)
 
 
 def keep_secret(config, wire):
@@ -137,9 +182,16 @@ class Stage:
     gives the client's settings and the SOCKS target, once the server listens;
     ``finish`` reads what the connection left behind (webtunnel: the key log)."""
 
-    def __init__(self, options, directory):
+    def __init__(self, options, directory, rng=None):
         self.server_options = dict(options)
         self.target = None
+        self.rng = rng            # a seeded random.Random for the stage's own choices, or None
+
+    def server_config(self, cls, directory, rng=None):
+        """The server's config and bridge-line arguments. ``rng``: where the bytes of a
+        new long-term identity would come from (a stage whose transport makes one uses
+        it), None for the CSPRNG."""
+        return cls.server_config(self.server_options, directory)
 
     def client_side(self, settings, cls, server_config, announce, server_address):
         options = dict(self.server_options, **announce)   # the bridge line's arguments
@@ -150,16 +202,17 @@ class Stage:
         pass
 
 
-def run_exchange(name, options, settings, stage_class=None):
+def run_exchange(name, options, settings, stage_class=None, seed=None):
     """Echo, server and client on 127.0.0.1; send MESSAGE through them. ``stage_class``:
-    what the transport needs around the connection (default ``Stage``: nothing)."""
+    what the transport needs around the connection (default ``Stage``: nothing);
+    ``seed``: draw the random choices from it (``seeded``), None for the CSPRNG."""
     cls = transports.transport_class(name)
     state = tempfile.TemporaryDirectory(prefix="obfsproxy-demo-")   # obfs4's keys, the demo's certificate
     try:
-        stage = (stage_class or Stage)(options, Path(state.name))
-        server_config, announce = cls.server_config(stage.server_options, Path(state.name))
+        stage = (stage_class or Stage)(options, Path(state.name), seeded(seed, "stage"))
+        server_config, announce = stage.server_config(cls, Path(state.name), seeded(seed, "state"))
         echo_address, echo_listener = echo_service()
-        server_tap, client_tap = Tap(), Tap()
+        server_tap, client_tap = Tap(seeded(seed, "server")), Tap(seeded(seed, "client"))
         server_settings = dataclasses.replace(settings, transport=name, config=server_config,
                                               dest=echo_address, wrappers=settings.wrappers + (server_tap,))
         tunnels = listener.Listener(pool_size=0)   # every key made on the spot, and seen (keep_secret)
