@@ -92,6 +92,8 @@ import threading
 import time
 import weakref
 
+import tlswire
+
 HELLO_ENV = "OBFSPROXY_HELLO"
 
 # utls= family -> (curl-impersonate target, what the hello is, its JA4 with ALPN http/1.1 only).
@@ -551,14 +553,19 @@ def first_flight(context, servername):
     return outgoing.read()
 
 
+def ja4_of(context, servername="www.example.com"):
+    """The JA4 of the hello a client ``context`` sends (``tlswire.ja4``), or None when
+    what it wrote is no ClientHello."""
+    hello = tlswire.hello(first_flight(context, servername))
+    return None if hello is None else tlswire.ja4(hello)
+
+
 def self_test(curl, family=DEFAULT):
     """None when a handle set up as a tunnel's sends ``family``'s pinned hello, else why not."""
-    import tlswire
     browser = BrowserContext(family, roots=(None, None), curl=curl)
-    hello = tlswire.hello(first_flight(browser, "www.example.com"))
-    if hello is None:
+    got = ja4_of(browser)
+    if got is None:
         return "%s wrote no ClientHello" % browser.target
-    got = tlswire.ja4(hello)
     if got != browser.ja4:
         return "%s's hello has JA4 %s, not the pinned %s" % (browser.target, got, browser.ja4)
     return None

@@ -352,14 +352,8 @@ def hello_route():
     if available:
         context = browser_tls.context()
         return "%s through curl (%s, JA4 %s; %s)" % (context.hello, context.target, context.ja4, why)
-    words = "Python's OpenSSL hello (%s" % ssl.OPENSSL_VERSION
-    try:
-        import tlswire
-        hello = tlswire.hello(browser_tls.first_flight(default_client_context(), "www.example.com"))
-        words += ", JA4 %s" % tlswire.ja4(hello)
-    except ImportError:
-        pass
-    return words + "; no browser's): " + why
+    return "Python's OpenSSL hello (%s, JA4 %s; no browser's): %s" % (
+        ssl.OPENSSL_VERSION, browser_tls.ja4_of(default_client_context()), why)
 
 
 @dataclass

@@ -52,8 +52,8 @@ import obfs2
 import obfs3
 import obfs4
 import obfs4_state
+import tlswire
 from curve25519 import elligator2_direct, x25519
-from teaching import tlswire
 from teaching.pcap import CaptureError, load
 from teaching.present import (
     FIELD_HEADER,

@@ -29,9 +29,10 @@ from Crypto.PublicKey import ECC
 from Crypto.Signature import DSS
 
 import proxy
+import tlswire
 import webtunnel
 from outbound import format_address, is_ip_literal
-from teaching import present, tlswire
+from teaching import present
 from teaching.demo_base import MESSAGE, Stage, application_bytes
 
 # --- webtunnel: the demo's certificate --------------------------------------------------------

@@ -49,8 +49,9 @@ from support import (
 )
 
 import obfs2
+import tlswire
 from curve25519 import elligator2_direct, x25519
-from teaching import capture, pcap, tlswire
+from teaching import capture, pcap
 
 CLIENT_HELLO = (b"\x16\x03\x01\x00\xc8\x01\x00\x00\xc4\x03\x03" + bytes(range(32))
                 + b" a TLS ClientHello: what the censor was looking for")

@@ -26,10 +26,11 @@ from Crypto.Cipher import AES, ChaCha20_Poly1305
 from support import PROGRAM, ROOT, load_vectors
 
 import proxy
+import tlswire
 from curve25519 import elligator2_direct
 from obfs4_crypto import secretbox_open
 from obfs4_drbg import HashDrbg, WeightedDist
-from teaching import capture, demo, demo_obfs, demo_webtunnel, tlswire
+from teaching import capture, demo, demo_obfs, demo_webtunnel
 
 P = int(
     "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"

@@ -58,13 +58,14 @@ def test_the_project_keeps_its_import_rules():
     assert result.returncode == 0, result.stderr
     graph = graph_of(result.stdout)
     assert set(graph) == modules()
-    assert {"teaching.demo", "teaching.capture", "teaching.tlswire"} <= set(graph)
+    assert {"teaching.demo", "teaching.capture", "tlswire"} <= set(graph)
     runtime = [module for module in graph if not module.startswith("teaching")]
     assert not [(m, d) for m in runtime if m != "obfsproxy" for d in graph[m] if d.startswith("teaching")]
     assert {"teaching.demo", "teaching.capture"} <= set(graph["obfsproxy"])   # lazily, in dispatch
     assert graph["obfs4"] == ["curve25519", "obfs4_crypto", "obfs4_drbg", "obfs4_state"]
     assert graph["obfs4_state"] == ["curve25519", "obfs4_drbg"]
-    assert graph["relay"] == graph["webtunnel"] == graph["accel"] == []
+    assert graph["relay"] == graph["accel"] == graph["tlswire"] == []
+    assert graph["webtunnel"] == ["browser_tls"] and graph["browser_tls"] == ["tlswire"]
     assert all(set(graph[leaf]) <= {"obfs4_crypto", "obfs4_drbg", "obfs4_state", "curve25519", "accel"}
                for leaf in LEAVES)
     assert "obfsproxy" not in [dep for deps in graph.values() for dep in deps]
@@ -94,7 +95,7 @@ def test_importing_the_cli_fails(copy):
 @pytest.mark.parametrize("leaf,dep", [("socks", "transports"), ("obfs3", "obfs2"),
                                       ("obfs4_crypto", "obfs4"), ("obfs2", "outbound"),
                                       ("relay", "listener"), ("relay", "proxy"),
-                                      ("webtunnel", "outbound"), ("teaching/tlswire", "obfs2"),
+                                      ("webtunnel", "outbound"), ("tlswire", "obfs2"),
                                       ("obfs4_state", "obfs4")])
 def test_a_leaf_importing_the_project_fails(copy, leaf, dep):
     append(copy / ("%s.py" % leaf), "\nimport %s  # noqa\n" % dep)

@@ -10,8 +10,9 @@ line per module, and checks five rules::
     1. no cycle                    a -> b -> a would make the layers meaningless
     2. nobody imports obfsproxy    the CLI is the top; nothing may depend on it
     3. the leaves import           obfs2, obfs3, obfs4, its primitives and its state,
-       nothing of ours             socks, webtunnel, teaching.tlswire and the relay,
-                                   except obfs4 -> its pieces (LEAF_ALLOWED); a
+       nothing of ours             socks, webtunnel, browser_tls, tlswire and the relay,
+                                   except obfs4 -> its pieces and webtunnel ->
+                                   browser_tls -> tlswire (LEAF_ALLOWED); a
                                    leaf that imported proxy would drag sockets
                                    and threads into the protocol, a relay that
                                    imported the listener would know tunnels
@@ -38,7 +39,7 @@ from pathlib import Path
 CLI = "obfsproxy"
 TEACHING = "teaching"
 LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_state", "obfs4_crypto", "obfs4_drbg", "curve25519", "accel",
-          "socks", "webtunnel", "teaching.tlswire", "relay")
+          "socks", "webtunnel", "browser_tls", "tlswire", "relay")
 # obfs4 and its primitives: the frame cipher (and the route report), the DRBG, the keys,
 # and the accelerator's route chooser they share; and the bridge's identity and its files
 # (obfs4_state: the only file I/O among the leaves, which obfs4's server_config reaches
@@ -46,7 +47,10 @@ LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_state", "obfs4_crypto", "obfs4_drbg"
 LEAF_ALLOWED = {("obfs4", "obfs4_crypto"), ("obfs4", "obfs4_drbg"), ("obfs4", "curve25519"),
                 ("obfs4", "obfs4_state"), ("obfs4_state", "curve25519"), ("obfs4_state", "obfs4_drbg"),
                 ("obfs4_crypto", "accel"), ("obfs4_crypto", "obfs4_drbg"), ("obfs4_crypto", "curve25519"),
-                ("curve25519", "accel")}
+                ("curve25519", "accel"),
+                # webtunnel's client picks its TLS context there (Python's ssl, or curl's with a
+                # browser's hello), whose start-up self-test reads the hello with tlswire.
+                ("webtunnel", "browser_tls"), ("browser_tls", "tlswire")}
 STDLIB_ONLY = ("relay", "webtunnel")
 STDLIB = getattr(sys, "stdlib_module_names", None)
 
