@@ -117,6 +117,8 @@ CURLOPT_SOCKOPTFUNCTION, CURLOPT_CLOSESOCKETFUNCTION = 20148, 20208
 CURL_HTTP_VERSION_1_1 = 2
 CURL_SOCKOPT_ALREADY_CONNECTED = 2
 CURLMSG_DONE = 1
+CURLMOPT_SOCKETFUNCTION = 20001
+CURL_SOCKET_TIMEOUT, CURL_CSELECT_IN, CURL_CSELECT_OUT = -1, 1, 2
 CURLE_OK, CURLE_AGAIN = 0, 81
 CURLE_PEER_FAILED_VERIFICATION = 60
 CURL_ERROR_SIZE = 256
@@ -135,7 +137,8 @@ void *curl_multi_init(void);
 int curl_multi_add_handle(void *, void *);
 int curl_multi_remove_handle(void *, void *);
 int curl_multi_perform(void *, int *);
-int curl_multi_wait(void *, void *, unsigned int, int, int *);
+int curl_multi_socket_action(void *, int, int, int *);
+int curl_multi_setopt(void *, int, ...);
 CURLMsg *curl_multi_info_read(void *, int *);
 void *curl_slist_append(void *, const char *);
 void curl_slist_free_all(void *);
@@ -164,6 +167,11 @@ class _Curl:
         if self.multi == ffi.NULL:
             raise OSError("curl_multi_init failed")
         self.results = {}       # easy handle (int) -> its CURLcode, once its handshake ended
+        # curl keeps track of the sockets it acts on only with a socket callback set; we
+        # need no news from it (we know each tunnel's socket), so it does nothing.
+        self.socket_news = ffi.callback("int(void *, int, int, void *, void *)",
+                                        lambda easy, fd, what, data, socket_data: 0)
+        lib.curl_multi_setopt(self.multi, CURLMOPT_SOCKETFUNCTION, self.socket_news)
         self.buffer, self.count = ffi.new("char[]", READ_SIZE), ffi.new("size_t *")   # locked use
         self.running = ffi.new("int *")
         self.garbage = []       # (easy, keep-alive objects) of tunnels dropped while locked
@@ -207,12 +215,14 @@ class _Curl:
         else:
             theirs.close()
 
-    def step(self):
-        """One turn of the multi's handshakes, as far as the bytes in the socketpairs
-        allow; note whose ended (lock held)."""
+    def step(self, fd):
+        """One turn of the handshake on socket ``fd``, and of any handle whose curl timer
+        is due; note whose ended (lock held). ``curl_multi_socket_action`` runs only
+        those, where ``curl_multi_perform`` would run every handshake in flight (a
+        thousand tunnels opening at once made that quadratic)."""
         lib, ffi = self.lib, self.ffi
-        lib.curl_multi_wait(self.multi, ffi.NULL, 0, 0, ffi.NULL)    # which sockets have bytes
-        lib.curl_multi_perform(self.multi, self.running)
+        lib.curl_multi_socket_action(self.multi, fd, CURL_CSELECT_IN | CURL_CSELECT_OUT, self.running)
+        lib.curl_multi_socket_action(self.multi, CURL_SOCKET_TIMEOUT, 0, self.running)
         while True:
             message = lib.curl_multi_info_read(self.multi, self.running)
             if message == ffi.NULL:
@@ -379,7 +389,7 @@ class BrowserTLS:
             with curl.lock:
                 curl.collect()
                 self._push()
-                curl.step()
+                curl.step(self._sockets[1].fileno())
                 self._drain()
                 if key in curl.results:
                     result = curl.results.pop(key)
