@@ -622,7 +622,10 @@ class WebTunnel:
                                              server_hostname=config.servername)
             else:
                 self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
-        self.expensive = self._tls is not None      # TLS handshakes: the core serialises them
+        # TLS handshakes: the core serialises them. Not curl's (browser_tls): they run in C
+        # without the GIL, under browser_tls's own lock, and the first step waits a
+        # millisecond for curl's timer, which must not hold every other handshake back.
+        self.expensive = self._tls is not None and not isinstance(self._tls, browser_tls.BrowserTLS)
         if self._tls is not None:
             self.state = TLS_HANDSHAKE
         else:
