@@ -41,7 +41,10 @@ curl is told (libcurl's public options):
   ``ssl`` uses (``ssl.get_default_verify_paths()``), else curl_cffi's certifi.
 
 The handshake runs without blocking through one ``curl_multi`` handle that every
-tunnel of the process shares: it keeps the parsed CA store once
+tunnel of the process shares (``curl_multi_socket_action`` on the tunnel's own
+socket, so a step costs the same with a thousand handshakes in flight; curl
+takes its first step on a timer of its own, for which ``do_handshake`` lets a
+millisecond pass, once or twice): it keeps the parsed CA store once
 (``CURLOPT_CA_CACHE_TIMEOUT``, curl's default 24 h), which is what makes an idle
 tunnel cost tens of KiB rather than the ~830 KiB of a handle that parses the
 whole root bundle for itself. A multi handle and its easy handles are one
@@ -77,7 +80,10 @@ What this route does not do
   direction, and the peer's stays readable (half-close holds where the peer
   takes a bare FIN as the end; nginx ends an upgraded connection at the first
   end of either direction anyway).
-* No resumption: every handshake is a full one (real Chrome sometimes resumes).
+* No resumption, as on the ``ssl`` route: every handshake is a full one (real
+  Chrome sometimes resumes).
+* Tested on Linux only (CI); the Windows wheel's separate DLL and its SOCKET type
+  are provided for (``_binary_path``, ``_SOCKET_TYPE``) but never run.
 * ``utls=`` values other than Chrome's and Firefox's (randomized hellos, Safari,
   iOS, custom specs) are not offered; ``webtunnel.client_config`` says so.
 """
@@ -108,9 +114,9 @@ TARGETS = {
 }
 DEFAULT = "chrome"
 
-# libcurl's numbers (curl/curl.h); the names are libcurl's, without the prefix.
+# libcurl's numbers (curl/curl.h), under libcurl's names.
 CURLOPT_URL, CURLOPT_ERRORBUFFER, CURLOPT_RESOLVE = 10002, 10010, 10203
-CURLOPT_CAINFO, CURLOPT_CAPATH, CURLOPT_PRIVATE = 10065, 10097, 10103
+CURLOPT_CAINFO, CURLOPT_CAPATH = 10065, 10097
 CURLOPT_CONNECT_ONLY, CURLOPT_HTTP_VERSION, CURLOPT_NOSIGNAL = 141, 84, 99
 CURLOPT_OPENSOCKETFUNCTION, CURLOPT_OPENSOCKETDATA = 20163, 10164
 CURLOPT_SOCKOPTFUNCTION, CURLOPT_CLOSESOCKETFUNCTION = 20148, 20208
@@ -118,11 +124,13 @@ CURL_HTTP_VERSION_1_1 = 2
 CURL_SOCKOPT_ALREADY_CONNECTED = 2
 CURLMSG_DONE = 1
 CURLMOPT_SOCKETFUNCTION = 20001
-CURL_SOCKET_TIMEOUT, CURL_CSELECT_IN, CURL_CSELECT_OUT = -1, 1, 2
+CURL_CSELECT_IN, CURL_CSELECT_OUT = 1, 2          # CURL_SOCKET_TIMEOUT: CURL_SOCKET_BAD
 CURLE_OK, CURLE_AGAIN = 0, 81
 CURLE_PEER_FAILED_VERIFICATION = 60
 CURL_ERROR_SIZE = 256
 
+# curl_socket_t is an int, but Windows' SOCKET (an unsigned pointer-sized integer) there.
+_SOCKET_TYPE = "typedef %s curl_socket_t;\n" % ("uintptr_t" if os.name == "nt" else "int")
 _DECLARATIONS = """
 typedef struct { int msg; void *easy_handle; union { void *whatever; int result; } data; } CURLMsg;
 char *curl_version(void);
@@ -137,7 +145,7 @@ void *curl_multi_init(void);
 int curl_multi_add_handle(void *, void *);
 int curl_multi_remove_handle(void *, void *);
 int curl_multi_perform(void *, int *);
-int curl_multi_socket_action(void *, int, int, int *);
+int curl_multi_socket_action(void *, curl_socket_t, int, int *);
 int curl_multi_setopt(void *, int, ...);
 CURLMsg *curl_multi_info_read(void *, int *);
 void *curl_slist_append(void *, const char *);
@@ -159,7 +167,7 @@ class _Curl:
         from curl_cffi import _wrapper
         self.version = "curl_cffi %s" % getattr(curl_cffi, "__version__", "?")
         self.ffi = ffi = cffi.FFI()
-        ffi.cdef(_DECLARATIONS)
+        ffi.cdef(_SOCKET_TYPE + _DECLARATIONS)
         self.lib = lib = ffi.dlopen(_binary_path(_wrapper))
         self.libcurl = ffi.string(lib.curl_version()).decode("ascii", "replace").split(" ")[0]
         self.lock = threading.Lock()
@@ -169,7 +177,8 @@ class _Curl:
         self.results = {}       # easy handle (int) -> its CURLcode, once its handshake ended
         # curl keeps track of the sockets it acts on only with a socket callback set; we
         # need no news from it (we know each tunnel's socket), so it does nothing.
-        self.socket_news = ffi.callback("int(void *, int, int, void *, void *)",
+        self.timeout_socket = ffi.cast("curl_socket_t", -1)     # CURL_SOCKET_BAD
+        self.socket_news = ffi.callback("int(void *, curl_socket_t, int, void *, void *)",
                                         lambda easy, fd, what, data, socket_data: 0)
         lib.curl_multi_setopt(self.multi, CURLMOPT_SOCKETFUNCTION, self.socket_news)
         self.buffer, self.count = ffi.new("char[]", READ_SIZE), ffi.new("size_t *")   # locked use
@@ -180,10 +189,10 @@ class _Curl:
         # close it once curl has let go of it (``_release``).
         self.taken = set()      # fds curl opened through us and still holds
         self.lingering = {}     # fd -> socket of a dropped tunnel that curl still holds
-        self.open_socket = ffi.callback("int(void *, int, void *)", self._open_socket)
-        self.socket_options = ffi.callback("int(void *, int, int)",
+        self.open_socket = ffi.callback("curl_socket_t(void *, int, void *)", self._open_socket)
+        self.socket_options = ffi.callback("int(void *, curl_socket_t, int)",
                                            lambda data, fd, purpose: CURL_SOCKOPT_ALREADY_CONNECTED)
-        self.close_socket = ffi.callback("int(void *, int)", self._close_socket)
+        self.close_socket = ffi.callback("int(void *, curl_socket_t)", self._close_socket)
 
     def _open_socket(self, data, purpose, address):
         fd = int(self.ffi.cast("intptr_t", data))
@@ -222,7 +231,7 @@ class _Curl:
         thousand tunnels opening at once made that quadratic)."""
         lib, ffi = self.lib, self.ffi
         lib.curl_multi_socket_action(self.multi, fd, CURL_CSELECT_IN | CURL_CSELECT_OUT, self.running)
-        lib.curl_multi_socket_action(self.multi, CURL_SOCKET_TIMEOUT, 0, self.running)
+        lib.curl_multi_socket_action(self.multi, self.timeout_socket, 0, self.running)
         while True:
             message = lib.curl_multi_info_read(self.multi, self.running)
             if message == ffi.NULL:
