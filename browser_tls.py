@@ -483,7 +483,12 @@ class BrowserTLS:
                     view = view[sent[0]:]
                 elif code != CURLE_AGAIN:
                     raise self._error_for(code)
+                before = self._outgoing.pending
                 self._drain()
+                if code == CURLE_AGAIN and self._outgoing.pending == before:
+                    # Not a full socketpair: BoringSSL waits for the peer (a renegotiation,
+                    # which nginx never asks for). Stop rather than spin.
+                    raise ssl.SSLError("TLS: curl cannot send before the peer answers")
         return len(data)
 
     def unwrap(self):
