@@ -41,7 +41,10 @@ curl is told (libcurl's public options):
   ``ssl`` uses (``ssl.get_default_verify_paths()``), else curl_cffi's certifi.
 
 The handshake runs without blocking through one ``curl_multi`` handle that every
-tunnel of the process shares: it keeps the parsed CA store once
+tunnel of the process shares (``curl_multi_socket_action`` on the tunnel's own
+socket, so a step costs the same with a thousand handshakes in flight; curl
+takes its first step on a timer of its own, for which ``do_handshake`` lets a
+millisecond pass, once or twice): it keeps the parsed CA store once
 (``CURLOPT_CA_CACHE_TIMEOUT``, curl's default 24 h), which is what makes an idle
 tunnel cost tens of KiB rather than the ~830 KiB of a handle that parses the
 whole root bundle for itself. A multi handle and its easy handles are one
@@ -77,7 +80,10 @@ What this route does not do
   direction, and the peer's stays readable (half-close holds where the peer
   takes a bare FIN as the end; nginx ends an upgraded connection at the first
   end of either direction anyway).
-* No resumption: every handshake is a full one (real Chrome sometimes resumes).
+* No resumption, as on the ``ssl`` route: every handshake is a full one (real
+  Chrome sometimes resumes).
+* Tested on Linux only (CI); the Windows wheel's separate DLL and its SOCKET type
+  are provided for (``_binary_path``, ``_SOCKET_TYPE``) but never run.
 * ``utls=`` values other than Chrome's and Firefox's (randomized hellos, Safari,
   iOS, custom specs) are not offered; ``webtunnel.client_config`` says so.
 """
@@ -89,6 +95,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 import weakref
 
 import tlswire
@@ -107,19 +114,23 @@ TARGETS = {
 }
 DEFAULT = "chrome"
 
-# libcurl's numbers (curl/curl.h); the names are libcurl's, without the prefix.
+# libcurl's numbers (curl/curl.h), under libcurl's names.
 CURLOPT_URL, CURLOPT_ERRORBUFFER, CURLOPT_RESOLVE = 10002, 10010, 10203
-CURLOPT_CAINFO, CURLOPT_CAPATH, CURLOPT_PRIVATE = 10065, 10097, 10103
+CURLOPT_CAINFO, CURLOPT_CAPATH = 10065, 10097
 CURLOPT_CONNECT_ONLY, CURLOPT_HTTP_VERSION, CURLOPT_NOSIGNAL = 141, 84, 99
 CURLOPT_OPENSOCKETFUNCTION, CURLOPT_OPENSOCKETDATA = 20163, 10164
 CURLOPT_SOCKOPTFUNCTION, CURLOPT_CLOSESOCKETFUNCTION = 20148, 20208
 CURL_HTTP_VERSION_1_1 = 2
 CURL_SOCKOPT_ALREADY_CONNECTED = 2
 CURLMSG_DONE = 1
+CURLMOPT_SOCKETFUNCTION = 20001
+CURL_CSELECT_IN, CURL_CSELECT_OUT = 1, 2          # CURL_SOCKET_TIMEOUT: CURL_SOCKET_BAD
 CURLE_OK, CURLE_AGAIN = 0, 81
 CURLE_PEER_FAILED_VERIFICATION = 60
 CURL_ERROR_SIZE = 256
 
+# curl_socket_t is an int, but Windows' SOCKET (an unsigned pointer-sized integer) there.
+_SOCKET_TYPE = "typedef %s curl_socket_t;\n" % ("uintptr_t" if os.name == "nt" else "int")
 _DECLARATIONS = """
 typedef struct { int msg; void *easy_handle; union { void *whatever; int result; } data; } CURLMsg;
 char *curl_version(void);
@@ -134,7 +145,8 @@ void *curl_multi_init(void);
 int curl_multi_add_handle(void *, void *);
 int curl_multi_remove_handle(void *, void *);
 int curl_multi_perform(void *, int *);
-int curl_multi_wait(void *, void *, unsigned int, int, int *);
+int curl_multi_socket_action(void *, curl_socket_t, int, int *);
+int curl_multi_setopt(void *, int, ...);
 CURLMsg *curl_multi_info_read(void *, int *);
 void *curl_slist_append(void *, const char *);
 void curl_slist_free_all(void *);
@@ -142,7 +154,7 @@ void curl_slist_free_all(void *);
 
 READ_SIZE = 64 * 1024          # plaintext per curl_easy_recv
 PUMP_SIZE = 256 * 1024         # records moved per socketpair read
-HANDSHAKE_WAITS = 50           # curl_multi_wait()s of 1 ms at most per handshake step
+HANDSHAKE_WAITS = 50           # 1 ms pauses at most per handshake step (curl's timer)
 
 
 class _Curl:
@@ -155,7 +167,7 @@ class _Curl:
         from curl_cffi import _wrapper
         self.version = "curl_cffi %s" % getattr(curl_cffi, "__version__", "?")
         self.ffi = ffi = cffi.FFI()
-        ffi.cdef(_DECLARATIONS)
+        ffi.cdef(_SOCKET_TYPE + _DECLARATIONS)
         self.lib = lib = ffi.dlopen(_binary_path(_wrapper))
         self.libcurl = ffi.string(lib.curl_version()).decode("ascii", "replace").split(" ")[0]
         self.lock = threading.Lock()
@@ -163,17 +175,24 @@ class _Curl:
         if self.multi == ffi.NULL:
             raise OSError("curl_multi_init failed")
         self.results = {}       # easy handle (int) -> its CURLcode, once its handshake ended
+        # curl keeps track of the sockets it acts on only with a socket callback set; we
+        # need no news from it (we know each tunnel's socket), so it does nothing.
+        self.timeout_socket = ffi.cast("curl_socket_t", -1)     # CURL_SOCKET_BAD
+        self.socket_news = ffi.callback("int(void *, curl_socket_t, int, void *, void *)",
+                                        lambda easy, fd, what, data, socket_data: 0)
+        lib.curl_multi_setopt(self.multi, CURLMOPT_SOCKETFUNCTION, self.socket_news)
         self.buffer, self.count = ffi.new("char[]", READ_SIZE), ffi.new("size_t *")   # locked use
+        self.running = ffi.new("int *")
         self.garbage = []       # (easy, keep-alive objects) of tunnels dropped while locked
 
         # The fd to use rides in OPENSOCKETDATA; curl neither connects nor closes it: we
         # close it once curl has let go of it (``_release``).
         self.taken = set()      # fds curl opened through us and still holds
         self.lingering = {}     # fd -> socket of a dropped tunnel that curl still holds
-        self.open_socket = ffi.callback("int(void *, int, void *)", self._open_socket)
-        self.socket_options = ffi.callback("int(void *, int, int)",
+        self.open_socket = ffi.callback("curl_socket_t(void *, int, void *)", self._open_socket)
+        self.socket_options = ffi.callback("int(void *, curl_socket_t, int)",
                                            lambda data, fd, purpose: CURL_SOCKOPT_ALREADY_CONNECTED)
-        self.close_socket = ffi.callback("int(void *, int)", self._close_socket)
+        self.close_socket = ffi.callback("int(void *, curl_socket_t)", self._close_socket)
 
     def _open_socket(self, data, purpose, address):
         fd = int(self.ffi.cast("intptr_t", data))
@@ -205,27 +224,20 @@ class _Curl:
         else:
             theirs.close()
 
-    def perform(self, progressed):
-        """Run the multi's handshakes as far as the bytes allow; note who finished (lock
-        held). curl takes its connect step on a timer of its own (millisecond grain), so
-        until ``progressed()`` says something happened, this waits for curl's sockets
-        or timer, a millisecond at a time, at most ``HANDSHAKE_WAITS`` times (the first
-        step needs one or two; later steps, driven by bytes already in the socketpair,
-        none)."""
+    def step(self, fd):
+        """One turn of the handshake on socket ``fd``, and of any handle whose curl timer
+        is due; note whose ended (lock held). ``curl_multi_socket_action`` runs only
+        those, where ``curl_multi_perform`` would run every handshake in flight (a
+        thousand tunnels opening at once made that quadratic)."""
         lib, ffi = self.lib, self.ffi
-        running, left = ffi.new("int *"), ffi.new("int *")
-        for _ in range(HANDSHAKE_WAITS):
-            lib.curl_multi_wait(self.multi, ffi.NULL, 0, 0, ffi.NULL)
-            lib.curl_multi_perform(self.multi, running)
-            while True:
-                message = lib.curl_multi_info_read(self.multi, left)
-                if message == ffi.NULL:
-                    break
-                if message.msg == CURLMSG_DONE:
-                    self.results[int(ffi.cast("uintptr_t", message.easy_handle))] = message.data.result
-            if progressed():
+        lib.curl_multi_socket_action(self.multi, fd, CURL_CSELECT_IN | CURL_CSELECT_OUT, self.running)
+        lib.curl_multi_socket_action(self.multi, self.timeout_socket, 0, self.running)
+        while True:
+            message = lib.curl_multi_info_read(self.multi, self.running)
+            if message == ffi.NULL:
                 return
-            lib.curl_multi_wait(self.multi, ffi.NULL, 0, 1, ffi.NULL)
+            if message.msg == CURLMSG_DONE:
+                self.results[int(ffi.cast("uintptr_t", message.easy_handle))] = message.data.result
 
 
 def _binary_path(wrapper):
@@ -370,20 +382,30 @@ class BrowserTLS:
     # The handshake ------------------------------------------------------------------------
 
     def do_handshake(self):
+        """One step of the handshake: returns once it is done, ``ssl.SSLWantReadError``
+        while it needs the peer's bytes. curl takes its connect step on a timer of its
+        own, at millisecond grain: until curl has done something with what it has (its
+        hello out, every byte of the peer's read, or the end), this lets a millisecond
+        pass with the lock free and tries again, at most ``HANDSHAKE_WAITS`` times (the
+        first step needs one or two; the later ones, driven by bytes, none)."""
         if self._done:
             return
         curl = self._curl
-        with curl.lock:
-            curl.collect()
-            self._push()
-            key = int(curl.ffi.cast("uintptr_t", self._easy))
-            records = self._outgoing.pending
-
-            def progressed():
+        key = int(curl.ffi.cast("uintptr_t", self._easy))
+        records = self._outgoing.pending
+        result = None
+        for _ in range(HANDSHAKE_WAITS):
+            with curl.lock:
+                curl.collect()
+                self._push()
+                curl.step(self._sockets[1].fileno())
                 self._drain()
-                return key in curl.results or self._outgoing.pending > records or self._waits()
-            curl.perform(progressed)
-            result = curl.results.pop(key, None)
+                if key in curl.results:
+                    result = curl.results.pop(key)
+                    break
+                if self._outgoing.pending > records or self._waits():
+                    break
+            time.sleep(0.001)
         if result is None:
             raise ssl.SSLWantReadError("the handshake needs the peer's bytes")
         if result != CURLE_OK:
@@ -464,7 +486,12 @@ class BrowserTLS:
                     view = view[sent[0]:]
                 elif code != CURLE_AGAIN:
                     raise self._error_for(code)
+                before = self._outgoing.pending
                 self._drain()
+                if code == CURLE_AGAIN and self._outgoing.pending == before:
+                    # Not a full socketpair: BoringSSL waits for the peer (a renegotiation,
+                    # which nginx never asks for). Stop rather than spin.
+                    raise ssl.SSLError("TLS: curl cannot send before the peer answers")
         return len(data)
 
     def unwrap(self):
@@ -553,13 +580,19 @@ def first_flight(context, servername):
     return outgoing.read()
 
 
+def ja4_of(context, servername="www.example.com"):
+    """The JA4 of the hello a client ``context`` sends (``tlswire.ja4``), or None when
+    what it wrote is no ClientHello."""
+    hello = tlswire.hello(first_flight(context, servername))
+    return None if hello is None else tlswire.ja4(hello)
+
+
 def self_test(curl, family=DEFAULT):
     """None when a handle set up as a tunnel's sends ``family``'s pinned hello, else why not."""
     browser = BrowserContext(family, roots=(None, None), curl=curl)
-    hello = tlswire.hello(first_flight(browser, "www.example.com"))
-    if hello is None:
+    got = ja4_of(browser)
+    if got is None:
         return "%s wrote no ClientHello" % browser.target
-    got = tlswire.ja4(hello)
     if got != browser.ja4:
         return "%s's hello has JA4 %s, not the pinned %s" % (browser.target, got, browser.ja4)
     return None

@@ -262,6 +262,29 @@ def summary(client_hello):
         else "no ALPN")
 
 
+# JA4 -> (whose hello, a browser's?), for detect and the demo. The browsers' values are
+# third-party captures (shared/findings/browser-hello-4.md); Python's, measured here.
+KNOWN_HELLOS = {
+    "t13d1515h1_8daaf6152771_0a20fe35d3a5": ("Chrome opening a wss:// WebSocket (webtunnel's browser "
+                                             "route)", True),
+    "t13d1516h2_8daaf6152771_d8a2da3f94cd": ("Chrome 133 to 149 loading a page", True),
+    "t13d1517h1_8daaf6152771_3cbfd9057e0d": ("Firefox 155 offering http/1.1 alone (webtunnel's browser "
+                                             "route, utls=hellofirefox_*)", True),
+    "t13d1812h1_85036bcba153_d41ae481755e": ("Python's ssl on OpenSSL 3.0, ALPN http/1.1 (webtunnel's "
+                                             "ssl route)", False),
+    "t13d181100_85036bcba153_d41ae481755e": ("Python's ssl on OpenSSL 3.0, no ALPN", False),
+}
+
+
+def whose(client_hello):
+    """"a browser's: ..." or "no browser's: ..." for a JA4 in ``KNOWN_HELLOS``, else
+    words saying that this tool's short list does not know it."""
+    known = KNOWN_HELLOS.get(ja4(client_hello))
+    if known is None:
+        return "not in this tool's short list of hellos (tlswire.KNOWN_HELLOS)"
+    return "%s: %s" % ("a browser's" if known[1] else "no browser's", known[0])
+
+
 def exemption_lines(rule):
     """Why the fully-encrypted test lets TLS through; ``rule``: the exemption that applied."""
     return ["TLS is exempt by design (%s): a censor that blocked what starts like TLS would block "

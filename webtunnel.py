@@ -163,7 +163,6 @@ from urllib.parse import quote, unquote, urlsplit
 
 import addresses
 import browser_tls
-import tlswire
 
 VERSION = "0.0.2"                 # what the upstream server announces as ver=
 MAX_HEAD = 16 * 1024              # a request or response head, terminator included
@@ -374,9 +373,8 @@ def hello_route():
     if available:
         context = browser_tls.context()
         return "%s through curl (%s, JA4 %s; %s)" % (context.hello, context.target, context.ja4, why)
-    hello = tlswire.hello(browser_tls.first_flight(default_client_context(), "www.example.com"))
     return "Python's OpenSSL hello (%s, JA4 %s; no browser's): %s" % (
-        ssl.OPENSSL_VERSION, tlswire.ja4(hello), why)
+        ssl.OPENSSL_VERSION, browser_tls.ja4_of(default_client_context()), why)
 
 
 @dataclass
@@ -708,7 +706,10 @@ class WebTunnel:
                                              server_hostname=config.servername)
             else:
                 self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
-        self.expensive = self._tls is not None      # TLS handshakes: the core serialises them
+        # TLS handshakes: the core serialises them. Not curl's (browser_tls): they run in C
+        # without the GIL, under browser_tls's own lock, and the first step waits a
+        # millisecond for curl's timer, which must not hold every other handshake back.
+        self.expensive = self._tls is not None and not isinstance(self._tls, browser_tls.BrowserTLS)
         if self._tls is not None and not initiator:
             # We are the front: an idle connection closes when nginx's would
             # (client_header_timeout, 60 s), not at the core's 30 s.

@@ -527,6 +527,7 @@ def run_detect(conversations, secret_hash, iterations, out):
         tls = tls_client(conv)
         if tls:
             print("  TLS ClientHello: %s" % tlswire.summary(tls[1]), file=out)
+            print("    whose: %s" % tlswire.whose(tls[1]), file=out)
         print("  work: %s" % work, file=out)
         print("  %s" % encrypted, file=out)
         if tls and first is not None and first.looks_like == "TLS":

@@ -149,7 +149,8 @@ OBSERVER = {
     "webtunnel": (["read the SNI (the web site's name) and the server's address, and fetch its "
                    "certificate by connecting with that SNI (TLS 1.3 sends it sealed)",
                    "tell Python's OpenSSL from a browser by the ClientHello's JA4, the same for every "
-                   "webtunnel client on this Python",
+                   "webtunnel client on Python's ssl (with curl_cffi the client sends Chrome's "
+                   "WebSocket hello instead: a full handshake every time, and no close_notify)",
                    "see the record sizes and timing: the upgrade, then the application's writes, each "
                    "22 bytes larger; with Tor inside, its TLS handshake shows through (TLS in TLS) on a "
                    "long-lived connection to a web site",

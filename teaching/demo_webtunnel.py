@@ -25,6 +25,7 @@ import time
 from typing import Optional
 from urllib.parse import urlsplit
 
+import browser_tls
 import curve25519
 import proxy
 import tlswire
@@ -234,7 +235,6 @@ ALERT_NAMES = {0: "close_notify"}
 FFDHE_GROUPS = {0x0102: "ffdhe4096", 0x0103: "ffdhe6144", 0x0104: "ffdhe8192"}
 KEY_LOG_LABELS = ("CLIENT_HANDSHAKE_TRAFFIC_SECRET", "SERVER_HANDSHAKE_TRAFFIC_SECRET",
                   "CLIENT_TRAFFIC_SECRET_0", "SERVER_TRAFFIC_SECRET_0")
-CHROME_JA4 = "t13d1516h2_8daaf6152771_02713d6af862"     # Chrome over TCP, in the JA4 project's README
 
 
 def hkdf_expand_label(secret, label, length, digest):
@@ -506,11 +506,18 @@ def client_hello_section(walk):
                   "the demo client's JA4 is not that of webtunnel.default_client_context()'s ClientHello"):
         print("  Checked: the SNI is servername=, the ALPN http/1.1, and webtunnel.default_client_context()")
         print("  (the system's roots) makes a ClientHello with this same JA4: every webtunnel client on")
-        print("  this Python (%s) sends this fingerprint, to every bridge." % ssl.OPENSSL_VERSION)
-    print("  Chrome's, in the JA4 project's own table, is %s:" % CHROME_JA4)
-    print("  other lists, GREASE, ALPN h2. A censor with a list of fingerprints tells the two apart;")
-    print("  lyrebird shapes its ClientHello with uTLS for that reason. Python's ssl cannot (a bridge")
-    print("  line's utls= gets a NOTICE that says so).")
+        print("  Python's ssl (%s) sends this fingerprint, to every bridge." % ssl.OPENSSL_VERSION)
+    print("  Whose: %s." % tlswire.whose(hello))
+    print("  The demo's client runs Python's ssl (its key log opens the records below). A client with")
+    print("  curl_cffi runs the browser route instead (browser_tls.py), whose hello, made in memory:")
+    available, why = browser_tls.route()
+    if available:
+        browser = tlswire.hello(browser_tls.first_flight(browser_tls.context(), config.servername))
+        print("    JA4 %s, %s." % (tlswire.ja4(browser), tlswire.whose(browser)))
+    else:
+        print("    none here (%s): this machine's clients send the hello above." % why)
+    print("  A censor with a list of fingerprints tells Python's hello from a browser's; lyrebird")
+    print("  shapes its hello with uTLS (randomized by default: no browser's either) for that reason.")
     return hello
 
 

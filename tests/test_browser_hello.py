@@ -63,6 +63,17 @@ def test_the_python_hello_is_no_browsers():
     assert hello.alpn == [b"http/1.1"]
 
 
+def test_detect_and_the_demo_say_whose_hello_each_route_sends():
+    """tlswire.whose, which detect prints under each ClientHello and the demo beside its JA4."""
+    python = tlswire.hello(browser_tls.first_flight(webtunnel.default_client_context(), "wt.test"))
+    words = tlswire.whose(python)      # OpenSSL's builds differ: known here, or not in the list
+    assert words.startswith("no browser's: Python's ssl") or words.startswith("not in this tool's")
+    require_browser_route()
+    chrome = tlswire.hello(browser_tls.first_flight(browser_tls.context(), "wt.test"))
+    assert tlswire.whose(chrome) == ("a browser's: Chrome opening a wss:// WebSocket (webtunnel's "
+                                     "browser route)")
+
+
 def test_our_client_process_sends_the_pinned_hello_on_the_wire():
     """The first bytes our client process writes to the web server, read by a bare TCP
     listener: the hello a censor sees, with Chrome's WebSocket JA4."""

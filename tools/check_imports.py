@@ -10,8 +10,9 @@ line per module, and checks five rules::
     1. no cycle                    a -> b -> a would make the layers meaningless
     2. nobody imports obfsproxy    the CLI is the top; nothing may depend on it
     3. the leaves import           obfs2, obfs3, obfs4, its primitives and its state,
-       nothing of ours             socks, webtunnel, tlswire and the relay, except
-                                   obfs4 -> its pieces (LEAF_ALLOWED); a
+       nothing of ours             socks, webtunnel, browser_tls, tlswire and the relay,
+                                   except obfs4 -> its pieces and webtunnel ->
+                                   browser_tls -> tlswire (LEAF_ALLOWED); a
                                    leaf that imported proxy would drag sockets
                                    and threads into the protocol, a relay that
                                    imported the listener would know tunnels
@@ -52,8 +53,7 @@ LEAF_ALLOWED = {("obfs4", "obfs4_crypto"), ("obfs4", "obfs4_drbg"), ("obfs4", "c
                 ("accel", "libcrypto"), ("accel", "pure_aes"), ("obfs4_crypto", "pure_salsa20"),
                 # webtunnel: addr= read as every address is; its client's browser hello (curl
                 # behind a socketpair), checked by its JA4 at start-up
-                ("webtunnel", "addresses"), ("webtunnel", "browser_tls"), ("webtunnel", "tlswire"),
-                ("browser_tls", "tlswire")}
+                ("webtunnel", "addresses"), ("webtunnel", "browser_tls"), ("browser_tls", "tlswire")}
 STDLIB_ONLY = ("relay", "webtunnel")
 STDLIB = getattr(sys, "stdlib_module_names", None)
 
