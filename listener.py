@@ -24,6 +24,7 @@ connection (``Listener`` says how).
 import contextlib
 import gc
 import logging
+import os
 import queue
 import re
 import select
@@ -441,33 +442,39 @@ HELD, QUEUED, NET, IDLE = "held", "queued", "net", "idle"   # where a Turn is
 
 
 class Turns:
-    """One listening socket's queue for the CPU: at most one of its handshake
-    threads runs Python at a time, in the order they became ready. ``owner``
-    holds the turn, ``queue`` waits for it; the rest wait for the network."""
+    """One listening socket's queue for the CPU: at most ``width`` of its
+    handshake threads run Python at once, the others in the order they became
+    ready. ``running`` hold a turn, ``queue`` waits for one; the rest wait for
+    the network. (The width is more than one because a turn handed over waits
+    for the GIL, up to the switch interval while the pump holds it; with one,
+    handshakes would queue on those waits.)"""
 
-    def __init__(self, waits):
+    def __init__(self, waits, width=None):
         self.waits = waits
-        self.owner = None
+        self.width = TURNS if width is None else width
+        self.running = 0
         self.queue = deque()
 
     def pass_on(self):
-        """The owner gives the turn up: to the first in the queue (waking only
-        that thread), or to nobody. Called with ``waits.mutex`` held."""
+        """A turn given up goes to the first in the queue (waking only that
+        thread), or back to the pool. Called with ``waits.mutex`` held."""
         if self.queue:
-            self.owner = self.queue.popleft()
-            self.owner.handed()
+            self.queue.popleft().handed()
         else:
-            self.owner = None
+            self.running -= 1
 
     def ready(self, turn):
-        """``turn`` may run now: it takes the free turn, or queues for it
+        """``turn`` may run now: it takes a free turn, or queues for one
         (``waits.mutex`` held)."""
-        if self.owner is None:
-            self.owner = turn
+        if self.running < self.width:
+            self.running += 1
             turn.handed()
         else:
             self.queue.append(turn)
             turn.state = QUEUED
+
+
+TURNS = int(os.environ.get("OBFSPROXY_TURNS", "4"))   # handshake threads computing at once
 
 
 class Turn:
@@ -690,14 +697,15 @@ def prepare_for_serving(max_connections):
 
 def raise_descriptor_limit(max_connections):
     """Raise the soft RLIMIT_NOFILE as far as --max-connections needs (two
-    descriptors a connection): the common default of 1024 would fail
+    descriptors a tunnel, and as many again for the pending handshakes, whose
+    limit is the same number): the common default of 1024 would fail
     connections long before the cap. Warn when the hard limit forbids it."""
     try:
         import resource
     except ImportError:  # not POSIX: nothing to raise
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 2 * max_connections + 64
+    need = 4 * max_connections + 64
     unlimited = resource.RLIM_INFINITY
     if soft != unlimited and soft < need:
         target = need if hard == unlimited else min(need, hard)
@@ -709,5 +717,5 @@ def raise_descriptor_limit(max_connections):
     if soft != unlimited and soft < need:
         log.warning("only %d file descriptors allowed (ulimit -n); --max-connections=%d "
                     "needs about %d, so connections beyond ~%d will fail",
-                    soft, max_connections, need, (soft - 64) // 2)
+                    soft, max_connections, need, (soft - 64) // 4)
 
