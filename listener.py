@@ -38,7 +38,7 @@ from collections import deque
 import outbound
 import relay as relay_
 import socks
-from proxy import NOTICE, Busy, HopFailed, KeyWork, PeerClosed, Pools, log, why
+from proxy import NOTICE, Busy, HopFailed, KeyWork, PeerClosed, Pools, first_wait, log, why
 
 THREAD_STACK = 512 * 1024   # per handshake thread (the default is 8 MiB of address space)
 
@@ -67,9 +67,20 @@ class Tunnel:
         self.relay = None
         self.dropped = False      # dropped while pending, for a newer connection
         self.relaying = False     # counted in Listener.relayed
+        self.parked = False       # watched without a thread until its client speaks (_Waits.park)
 
     def owns(self, sock):
         self.owned.append(sock)
+
+    def waits_for_client(self):
+        """True while parked, or while its handshake waits for bytes from its
+        client (not for our CPU, nor for the next hop)."""
+        turn = self.turn
+        return self.parked or (turn is not None and turn.state == NET and turn.fd == self.conn.fileno())
+
+    def deadline(self, seconds):
+        """The handshake's deadline: ``seconds`` after accept, in this tunnel's turn."""
+        return outbound.Deadline(seconds - (time.monotonic() - self.accepted_at), self.turn)
 
     @property
     def name(self):
@@ -142,7 +153,8 @@ class Listener:
             except ValueError:    # the defaults need the SOCKS arguments (obfs4's cert)
                 config = None
         self.pools.prepare(settings.transport_class, handler.initiator, config)
-        self.listeners.append((sock, handler, settings, self.key_work.sibling(), Turns(self.waits)))
+        parks = first_wait(handler, settings) if self.waits.epoll is not None else None
+        self.listeners.append((sock, handler, settings, self.key_work.sibling(), Turns(self.waits), parks))
         return sock.getsockname()[:2]
 
     @property
@@ -207,7 +219,7 @@ class Listener:
 
     ACCEPT_BATCH = 64     # connections accepted per wake-up of the accept loop, at most
 
-    def _accept(self, listener, handler, settings, key_work, turns):
+    def _accept(self, listener, handler, settings, key_work, turns, parks):
         """Accept what the backlog holds (up to ACCEPT_BATCH): during a storm one
         wake-up per connection left the backlog to overflow (the kernel then drops
         SYNs, and clients retry after 1, 2, 4 s)."""
@@ -221,9 +233,9 @@ class Listener:
                               rest=None)
                 time.sleep(0.1)
                 return
-            self._admit(conn, peer, handler, settings, key_work, turns)
+            self._admit(conn, peer, handler, settings, key_work, turns, parks)
 
-    def _admit(self, conn, peer, handler, settings, key_work, turns):
+    def _admit(self, conn, peer, handler, settings, key_work, turns, parks):
         """Count a new connection in as pending and start its handshake; refuse it
         when --max-connections tunnels are relayed; drop the oldest pending
         handshake when max_pending are pending (the module docstring says why)."""
@@ -232,9 +244,14 @@ class Listener:
             full = self.relayed >= self.max_connections
             if not full:
                 if len(self.pending) >= self.max_pending:
-                    victim = self.pending.pop(next(iter(self.pending)))
+                    victim = next((each for each in self.pending.values() if each.waits_for_client()),
+                                  None)
+                    full = victim is None   # every one is being served: no room
+                if victim is not None:
+                    del self.pending[victim.number]
                     victim.dropped = True
                     self.dropped += 1
+            if not full:
                 self.live += 1
                 self.accepted += 1
                 tunnel = Tunnel(self.accepted, conn, peer, settings, handler.initiator, self,
@@ -242,15 +259,25 @@ class Listener:
                 self.pending[tunnel.number] = tunnel
         if full:
             conn.close()
-            self.complain("full", "refusing a connection: %d tunnels already open "
-                          "(--max-connections)" % self.max_connections, logging.WARNING, rest=None)
+            if self.relayed >= self.max_connections:
+                self.complain("full", "refusing a connection: %d tunnels already open "
+                              "(--max-connections)" % self.max_connections, logging.WARNING, rest=None)
+            else:
+                self.complain("full", "refusing a connection: %d handshakes under way, none of them "
+                              "waiting for its client" % self.max_pending, logging.WARNING, rest=None)
             return
         if victim is not None:
-            try:     # its thread, waiting for the peer, sees the end and ends it (_end)
-                victim.conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._dispatch((handler, tunnel))
+            if self.waits.unpark(victim):
+                self._end(victim, PeerClosed("dropped"))
+            else:
+                try:     # its thread, waiting for the peer, sees the end and ends it (_end)
+                    victim.conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        if parks is None:
+            self._dispatch((handler, tunnel))
+        else:       # nothing to do before its client speaks: no thread until then
+            self.waits.park(tunnel, tunnel.accepted_at + parks, lambda: self._dispatch((handler, tunnel)))
 
     def _dispatch(self, job):
         """Give ``job`` to a waiting thread, or start one for it."""
@@ -566,7 +593,45 @@ class _Waits:
         self.mutex = threading.Lock()
         self.epoll = select.epoll() if hasattr(select, "epoll") else None
         self._by_fd = {}
+        self._parked = {}             # fd -> (tunnel, when its wait ends, what to do then)
+        self._next_check = 0.0        # when to look for parked connections out of time
         self._thread = None
+
+    def park(self, tunnel, until, then):
+        """Call ``then`` (on the poller's thread) once ``tunnel.conn`` has bytes,
+        or at ``until``: a connection whose client has not spoken holds no thread."""
+        fd = tunnel.conn.fileno()
+        with self.mutex:
+            tunnel.parked = True
+            self._parked[fd] = (tunnel, until, then)
+            self.epoll.register(fd, select.EPOLLIN | select.EPOLLONESHOT)
+            self._start()
+
+    def unpark(self, tunnel):
+        """True if ``tunnel`` was still parked (it is not any more), False if it
+        was handed on already, or never parked."""
+        with self.mutex:
+            fd = tunnel.conn.fileno()
+            entry = self._parked.get(fd)
+            if entry is None or entry[0] is not tunnel:
+                return False
+            del self._parked[fd]
+            tunnel.parked = False
+            try:
+                self.epoll.unregister(fd)
+            except OSError:
+                pass
+            return True
+
+    def _unparked(self, fd):
+        tunnel, _, then = self._parked.pop(fd)
+        tunnel.parked = False
+        return then
+
+    def _start(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="handshake-waits", daemon=True)
+            self._thread.start()
 
     def watch(self, turn, sock, write):
         """Wake ``turn`` once ``sock`` is ready (``mutex`` held)."""
@@ -578,9 +643,7 @@ class _Waits:
             self.epoll.modify(fd, mask)
         self._by_fd[fd] = turn
         turn.fd = fd
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="handshake-waits", daemon=True)
-            self._thread.start()
+        self._start()
 
     def forget(self, turn):
         """``turn`` waits no more (its time ran out; ``mutex`` held)."""
@@ -595,15 +658,29 @@ class _Waits:
         """Until nobody has waited for half a second: a listener at rest keeps no
         thread for this (``watch`` starts one again)."""
         while True:
-            events = self.epoll.poll(0.5)
+            events = self.epoll.poll(0.5 if not self._parked else PARK_CHECK)
+            due = []
             with self.mutex:
                 for fd, _ in events:
                     turn = self._by_fd.pop(fd, None)
                     if turn is not None and turn.state == NET:
                         turn.turns.ready(turn)
-                if not events and not self._by_fd:
+                    elif fd in self._parked:
+                        due.append(self._unparked(fd))
+                if self._parked:
+                    now = time.monotonic()
+                    if now >= self._next_check:
+                        self._next_check = now + PARK_CHECK
+                        for fd in [fd for fd, (_, until, _) in self._parked.items() if until <= now]:
+                            due.append(self._unparked(fd))
+                if not events and not self._by_fd and not self._parked:
                     self._thread = None
                     return
+            for then in due:        # its handshake thread starts (its deadline may have passed)
+                then()
+
+
+PARK_CHECK = 0.5    # seconds between looks for parked connections out of time
 
 
 def somaxconn():
