@@ -1,7 +1,9 @@
 """listener.py: listening sockets, the handshake threads, and how every tunnel ends.
 
-    accept --> a handshake thread runs the listener's handler (proxy.py):
-                   SOCKS, connect, transport handshake ... -> a Relay
+    accept --> parked (no thread) until the client speaks, when our side has
+               nothing to say first (a SOCKS port; an obfs4 or webtunnel bridge)
+           --> a handshake thread runs the listener's handler (proxy.py), in
+               turns: SOCKS, connect, transport handshake ... -> a Relay
            --> the Pump (relay.py) carries the relay until both directions end
            --> Listener._end: one log line, the sockets closed, the count down
 
@@ -19,6 +21,36 @@ thread costs more CPU than a whole obfs2 handshake (measured about 160 us,
 against 50 us for a hand-over to a waiting thread, and connections come in
 bursts), so finished handshake threads wait a little for the next
 connection (``Listener`` says how).
+
+A bridge many people share must stay open to the client that completes its
+handshake promptly, whatever else connects. The rules, and why:
+
+* Pending handshakes are counted apart from tunnels. ``--max-connections``
+  caps the tunnels relayed; ``max_pending`` (the same number unless given)
+  caps the handshakes under way. When the pending set is full, a new
+  connection drops the oldest pending handshake that waits for bytes from its
+  client (never one being computed, or dialling on), and is refused only
+  when there is none. When pending connections counted against one cap,
+  2,048 silent sockets locked every user out for the handshake timeout,
+  renewable at will; now an attacker's sockets only push each other out,
+  and a prompt client's handshake is over long before its turn to go.
+* A connection whose client has said nothing costs a descriptor, not a
+  thread: where our side has nothing to send first (``proxy.first_wait``),
+  the listener's one poller (``_Waits``) watches it and starts its thread
+  when bytes come (or at its deadline, so that it fails the usual way).
+* Handshake threads take turns (``Turns``): per listening socket, at most
+  TURNS of them run Python at once; the rest sleep on a lock of their own
+  until the poller says their socket is ready and a turn is free. When each
+  thread polled its own socket, a thousand clients sending a byte in the
+  same instant woke a thousand threads that fought the pump for the GIL
+  (1.6 cores spent, live tunnels stalled for seconds), and a storm of 2,000
+  handshakes left the pump and the accept loop a fraction of the GIL. Turns
+  are per listening socket, like the key-work slot, so that a flood on one
+  transport's port cannot queue another's handshakes.
+* The accept loop empties the backlog on each wake-up, and the backlog is
+  the system's most (``somaxconn``, as Go servers such as obfs4proxy use):
+  a storm waits in the kernel's queue instead of overflowing it into SYN
+  retransmissions 1, 2 and 4 s later.
 """
 
 import contextlib
@@ -93,7 +125,10 @@ class Listener:
     Methods for the caller: ``listen(address, handler, settings)`` binds and
     returns the bound (host, port); ``serve()`` accepts until ``stop()``;
     ``stop(graceful)`` is safe from any thread or a signal handler. ``tick``,
-    if given, is called about once a second from ``serve()``.
+    if given, is called about once a second from ``serve()``. Counters:
+    ``live`` (connections open), ``relayed`` (tunnels in a pump, at most
+    ``max_connections``), ``pending`` (handshakes under way, at most
+    ``max_pending``), ``accepted``, ``dropped``.
 
     Handshake threads are reused, and the invariant is: a thread whose
     handshake ended waits up to SPARE_SECONDS for the next one, and at most
@@ -255,7 +290,7 @@ class Listener:
                 self.live += 1
                 self.accepted += 1
                 tunnel = Tunnel(self.accepted, conn, peer, settings, handler.initiator, self,
-                                key_work, Turn(turns))
+                                key_work, Turn(turns, conn.fileno()))
                 self.pending[tunnel.number] = tunnel
         if full:
             conn.close()
@@ -471,10 +506,13 @@ HELD, QUEUED, NET, IDLE = "held", "queued", "net", "idle"   # where a Turn is
 class Turns:
     """One listening socket's queue for the CPU: at most ``width`` of its
     handshake threads run Python at once, the others in the order they became
-    ready. ``running`` hold a turn, ``queue`` waits for one; the rest wait for
-    the network. (The width is more than one because a turn handed over waits
-    for the GIL, up to the switch interval while the pump holds it; with one,
-    handshakes would queue on those waits.)"""
+    ready, except that a handshake back from the next hop (a connect, the
+    bridge's answer) goes first: finishing one frees its thread and starts its
+    relay sooner than starting another would. ``running`` hold a turn,
+    ``queue`` waits for one; the rest wait for the network. (The width is more
+    than one because a turn handed over waits for the GIL, up to the switch
+    interval while the pump holds it; with one, handshakes queued on those
+    waits.)"""
 
     def __init__(self, waits, width=None):
         self.waits = waits
@@ -491,13 +529,16 @@ class Turns:
             self.running -= 1
 
     def ready(self, turn):
-        """``turn`` may run now: it takes a free turn, or queues for one
-        (``waits.mutex`` held)."""
+        """``turn`` may run now: it takes a free turn, or queues for one, at the
+        front if it is further along (``Turn.further``; ``waits.mutex`` held)."""
         if self.running < self.width:
             self.running += 1
             turn.handed()
         else:
-            self.queue.append(turn)
+            if turn.further:
+                self.queue.appendleft(turn)
+            else:
+                self.queue.append(turn)
             turn.state = QUEUED
 
 
@@ -511,10 +552,12 @@ class Turn:
     handshakes waiting cost no CPU, and never wake all at once to fight over
     the GIL (the cost measured when each polled its own socket)."""
 
-    def __init__(self, turns):
+    def __init__(self, turns, client_fd=None):
         self.turns, self.waits = turns, turns.waits
         self.state = IDLE
         self.fd = None
+        self.client_fd = client_fd    # the accepted socket's descriptor
+        self.further = False      # past its client's part: back from the next hop, or a connect
         self._wake = threading.Lock()
         self._wake.acquire()
 
@@ -547,6 +590,7 @@ class Turn:
                 raise socket.timeout("timed out")
             self.take(max(end - time.monotonic(), 0.0))
             return True
+        self.further = sock.fileno() != self.client_fd
         with self.waits.mutex:
             self.waits.watch(self, sock, write)
             if self.state == HELD:
@@ -562,6 +606,7 @@ class Turn:
         self.give()
         yield
         if held:
+            self.further = True
             self.take(max(deadline.end - time.monotonic(), 0.0))
 
     def _sleep(self, seconds):
