@@ -56,7 +56,6 @@ handshake promptly, whatever else connects. The rules, and why:
 import contextlib
 import gc
 import logging
-import os
 import queue
 import re
 import select
@@ -295,7 +294,7 @@ class Listener:
         if full:
             conn.close()
             if self.relayed >= self.max_connections:
-                self.complain("full", "refusing a connection: %d tunnels already open "
+                self.complain("full", "refusing a connection: %d connections already open "
                               "(--max-connections)" % self.max_connections, logging.WARNING, rest=None)
             else:
                 self.complain("full", "refusing a connection: %d handshakes under way, none of them "
@@ -542,7 +541,7 @@ class Turns:
             turn.state = QUEUED
 
 
-TURNS = int(os.environ.get("OBFSPROXY_TURNS", "4"))   # handshake threads computing at once
+TURNS = 4      # handshake threads of one listening socket computing at once
 
 
 class Turn:
@@ -718,7 +717,8 @@ class _Waits:
                         self._next_check = now + PARK_CHECK
                         for fd in [fd for fd, (_, until, _) in self._parked.items() if until <= now]:
                             due.append(self._unparked(fd))
-                if not events and not self._by_fd and not self._parked:
+                idle = not events and not due and not self._by_fd and not self._parked
+                if idle:
                     self._thread = None
                     return
             for then in due:        # its handshake thread starts (its deadline may have passed)
