@@ -720,3 +720,24 @@ def test_a_bridge_resets_dest_when_the_stream_is_tampered_with(tmp_path, path):
             wait_until(lambda: endings, what="--dest closed")
     assert endings == ["RST"], endings
     assert flipper.closed_by_server == "FIN", flipper.closed_by_server
+
+
+def test_a_full_pending_set_drops_no_handshake_being_computed(toy_server, monkeypatch):
+    """With 2 pending handshakes allowed and both computing (not waiting for their
+    client), a third connection is refused, and the two complete."""
+    node, address = toy_server
+    monkeypatch.setattr(Toy, "COMPUTE", 1.0)
+    node.max_pending = 2
+    busy = [socket.create_connection(address, timeout=WAIT) for _ in range(2)]
+    try:
+        for sock in busy:
+            sock.sendall(b"b")
+        wait_until(lambda: Toy.running == 2, what="both computing")
+        with socket.create_connection(address, timeout=WAIT) as third:
+            assert third.recv(1) == b""          # refused: closed at once
+        for sock in busy:
+            assert recv_exact(sock, 1) == b"b"
+        assert node.dropped == 0
+    finally:
+        for sock in busy:
+            sock.close()
