@@ -1,7 +1,9 @@
 """listener.py: listening sockets, the handshake threads, and how every tunnel ends.
 
-    accept --> a handshake thread runs the listener's handler (proxy.py):
-                   SOCKS, connect, transport handshake ... -> a Relay
+    accept --> parked (no thread) until the client speaks, when our side has
+               nothing to say first (a SOCKS port; an obfs4 or webtunnel bridge)
+           --> a handshake thread runs the listener's handler (proxy.py), in
+               turns: SOCKS, connect, transport handshake ... -> a Relay
            --> the Pump (relay.py) carries the relay until both directions end
            --> Listener._end: one log line, the sockets closed, the count down
 
@@ -19,6 +21,36 @@ thread costs more CPU than a whole obfs2 handshake (measured about 160 us,
 against 50 us for a hand-over to a waiting thread, and connections come in
 bursts), so finished handshake threads wait a little for the next
 connection (``Listener`` says how).
+
+A bridge many people share must stay open to the client that completes its
+handshake promptly, whatever else connects. The rules, and why:
+
+* Pending handshakes are counted apart from tunnels. ``--max-connections``
+  caps the tunnels relayed; ``max_pending`` (the same number unless given)
+  caps the handshakes under way. When the pending set is full, a new
+  connection drops the oldest pending handshake that waits for bytes from its
+  client (never one being computed, or dialling on), and is refused only
+  when there is none. When pending connections counted against one cap,
+  2,048 silent sockets locked every user out for the handshake timeout,
+  renewable at will; now an attacker's sockets only push each other out,
+  and a prompt client's handshake is over long before its turn to go.
+* A connection whose client has said nothing costs a descriptor, not a
+  thread: where our side has nothing to send first (``proxy.first_wait``),
+  the listener's one poller (``_Waits``) watches it and starts its thread
+  when bytes come (or at its deadline, so that it fails the usual way).
+* Handshake threads take turns (``Turns``): per listening socket, at most
+  TURNS of them run Python at once; the rest sleep on a lock of their own
+  until the poller says their socket is ready and a turn is free. When each
+  thread polled its own socket, a thousand clients sending a byte in the
+  same instant woke a thousand threads that fought the pump for the GIL
+  (1.6 cores spent, live tunnels stalled for seconds), and a storm of 2,000
+  handshakes left the pump and the accept loop a fraction of the GIL. Turns
+  are per listening socket, like the key-work slot, so that a flood on one
+  transport's port cannot queue another's handshakes.
+* The accept loop empties the backlog on each wake-up, and the backlog is
+  the system's most (``somaxconn``, as Go servers such as obfs4proxy use):
+  a storm waits in the kernel's queue instead of overflowing it into SYN
+  retransmissions 1, 2 and 4 s later.
 """
 
 import contextlib
@@ -37,7 +69,7 @@ from collections import deque
 import outbound
 import relay as relay_
 import socks
-from proxy import NOTICE, Busy, HopFailed, KeyWork, PeerClosed, Pools, log, why
+from proxy import NOTICE, Busy, HopFailed, KeyWork, PeerClosed, Pools, first_wait, log, why
 
 THREAD_STACK = 512 * 1024   # per handshake thread (the default is 8 MiB of address space)
 
@@ -66,9 +98,20 @@ class Tunnel:
         self.relay = None
         self.dropped = False      # dropped while pending, for a newer connection
         self.relaying = False     # counted in Listener.relayed
+        self.parked = False       # watched without a thread until its client speaks (_Waits.park)
 
     def owns(self, sock):
         self.owned.append(sock)
+
+    def waits_for_client(self):
+        """True while parked, or while its handshake waits for bytes from its
+        client (not for our CPU, nor for the next hop)."""
+        turn = self.turn
+        return self.parked or (turn is not None and turn.state == NET and turn.fd == self.conn.fileno())
+
+    def deadline(self, seconds):
+        """The handshake's deadline: ``seconds`` after accept, in this tunnel's turn."""
+        return outbound.Deadline(seconds - (time.monotonic() - self.accepted_at), self.turn)
 
     @property
     def name(self):
@@ -81,7 +124,10 @@ class Listener:
     Methods for the caller: ``listen(address, handler, settings)`` binds and
     returns the bound (host, port); ``serve()`` accepts until ``stop()``;
     ``stop(graceful)`` is safe from any thread or a signal handler. ``tick``,
-    if given, is called about once a second from ``serve()``.
+    if given, is called about once a second from ``serve()``. Counters:
+    ``live`` (connections open), ``relayed`` (tunnels in a pump, at most
+    ``max_connections``), ``pending`` (handshakes under way, at most
+    ``max_pending``), ``accepted``, ``dropped``.
 
     Handshake threads are reused, and the invariant is: a thread whose
     handshake ended waits up to SPARE_SECONDS for the next one, and at most
@@ -141,7 +187,8 @@ class Listener:
             except ValueError:    # the defaults need the SOCKS arguments (obfs4's cert)
                 config = None
         self.pools.prepare(settings.transport_class, handler.initiator, config)
-        self.listeners.append((sock, handler, settings, self.key_work.sibling(), Turns(self.waits)))
+        parks = first_wait(handler, settings) if self.waits.epoll is not None else None
+        self.listeners.append((sock, handler, settings, self.key_work.sibling(), Turns(self.waits), parks))
         return sock.getsockname()[:2]
 
     @property
@@ -211,7 +258,7 @@ class Listener:
 
     ACCEPT_BATCH = 64     # connections accepted per wake-up of the accept loop, at most
 
-    def _accept(self, listener, handler, settings, key_work, turns):
+    def _accept(self, listener, handler, settings, key_work, turns, parks):
         """Accept what the backlog holds (up to ACCEPT_BATCH): during a storm one
         wake-up per connection left the backlog to overflow (the kernel then drops
         SYNs, and clients retry after 1, 2, 4 s)."""
@@ -225,9 +272,9 @@ class Listener:
                               rest=None)
                 time.sleep(0.1)
                 return
-            self._admit(conn, peer, handler, settings, key_work, turns)
+            self._admit(conn, peer, handler, settings, key_work, turns, parks)
 
-    def _admit(self, conn, peer, handler, settings, key_work, turns):
+    def _admit(self, conn, peer, handler, settings, key_work, turns, parks):
         """Count a new connection in as pending and start its handshake; refuse it
         when --max-connections tunnels are relayed; drop the oldest pending
         handshake when max_pending are pending (the module docstring says why)."""
@@ -236,25 +283,40 @@ class Listener:
             full = self.relayed >= self.max_connections
             if not full:
                 if len(self.pending) >= self.max_pending:
-                    victim = self.pending.pop(next(iter(self.pending)))
+                    victim = next((each for each in self.pending.values() if each.waits_for_client()),
+                                  None)
+                    full = victim is None   # every one is being served: no room
+                if victim is not None:
+                    del self.pending[victim.number]
                     victim.dropped = True
                     self.dropped += 1
+            if not full:
                 self.live += 1
                 self.accepted += 1
                 tunnel = Tunnel(self.accepted, conn, peer, settings, handler.initiator, self,
-                                key_work, Turn(turns))
+                                key_work, Turn(turns, conn.fileno()))
                 self.pending[tunnel.number] = tunnel
         if full:
             conn.close()
-            self.complain("full", "refusing a connection: %d tunnels already open "
-                          "(--max-connections)" % self.max_connections, logging.WARNING, rest=None)
+            if self.relayed >= self.max_connections:
+                self.complain("full", "refusing a connection: %d connections already open "
+                              "(--max-connections)" % self.max_connections, logging.WARNING, rest=None)
+            else:
+                self.complain("full", "refusing a connection: %d handshakes under way, none of them "
+                              "waiting for its client" % self.max_pending, logging.WARNING, rest=None)
             return
         if victim is not None:
-            try:     # its thread, waiting for the peer, sees the end and ends it (_end)
-                victim.conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._dispatch((handler, tunnel))
+            if self.waits.unpark(victim):
+                self._end(victim, PeerClosed("dropped"))
+            else:
+                try:     # its thread, waiting for the peer, sees the end and ends it (_end)
+                    victim.conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        if parks is None:
+            self._dispatch((handler, tunnel))
+        else:       # nothing to do before its client speaks: no thread until then
+            self.waits.park(tunnel, tunnel.accepted_at + parks, lambda: self._dispatch((handler, tunnel)))
 
     def _dispatch(self, job):
         """Give ``job`` to a waiting thread, or start one for it."""
@@ -446,33 +508,45 @@ HELD, QUEUED, NET, IDLE = "held", "queued", "net", "idle"   # where a Turn is
 
 
 class Turns:
-    """One listening socket's queue for the CPU: at most one of its handshake
-    threads runs Python at a time, in the order they became ready. ``owner``
-    holds the turn, ``queue`` waits for it; the rest wait for the network."""
+    """One listening socket's queue for the CPU: at most ``width`` of its
+    handshake threads run Python at once, the others in the order they became
+    ready, except that a handshake back from the next hop (a connect, the
+    bridge's answer) goes first: finishing one frees its thread and starts its
+    relay sooner than starting another would. ``running`` hold a turn,
+    ``queue`` waits for one; the rest wait for the network. (The width is more
+    than one because a turn handed over waits for the GIL, up to the switch
+    interval while the pump holds it; with one, handshakes queued on those
+    waits.)"""
 
-    def __init__(self, waits):
+    def __init__(self, waits, width=None):
         self.waits = waits
-        self.owner = None
+        self.width = TURNS if width is None else width
+        self.running = 0
         self.queue = deque()
 
     def pass_on(self):
-        """The owner gives the turn up: to the first in the queue (waking only
-        that thread), or to nobody. Called with ``waits.mutex`` held."""
+        """A turn given up goes to the first in the queue (waking only that
+        thread), or back to the pool. Called with ``waits.mutex`` held."""
         if self.queue:
-            self.owner = self.queue.popleft()
-            self.owner.handed()
+            self.queue.popleft().handed()
         else:
-            self.owner = None
+            self.running -= 1
 
     def ready(self, turn):
-        """``turn`` may run now: it takes the free turn, or queues for it
-        (``waits.mutex`` held)."""
-        if self.owner is None:
-            self.owner = turn
+        """``turn`` may run now: it takes a free turn, or queues for one, at the
+        front if it is further along (``Turn.further``; ``waits.mutex`` held)."""
+        if self.running < self.width:
+            self.running += 1
             turn.handed()
         else:
-            self.queue.append(turn)
+            if turn.further:
+                self.queue.appendleft(turn)
+            else:
+                self.queue.append(turn)
             turn.state = QUEUED
+
+
+TURNS = 4      # handshake threads of one listening socket computing at once
 
 
 class Turn:
@@ -482,10 +556,12 @@ class Turn:
     handshakes waiting cost no CPU, and never wake all at once to fight over
     the GIL (the cost measured when each polled its own socket)."""
 
-    def __init__(self, turns):
+    def __init__(self, turns, client_fd=None):
         self.turns, self.waits = turns, turns.waits
         self.state = IDLE
         self.fd = None
+        self.client_fd = client_fd    # the accepted socket's descriptor
+        self.further = False      # past its client's part: back from the next hop, or a connect
         self._wake = threading.Lock()
         self._wake.acquire()
 
@@ -518,6 +594,7 @@ class Turn:
                 raise socket.timeout("timed out")
             self.take(max(end - time.monotonic(), 0.0))
             return True
+        self.further = sock.fileno() != self.client_fd
         with self.waits.mutex:
             self.waits.watch(self, sock, write)
             if self.state == HELD:
@@ -533,6 +610,7 @@ class Turn:
         self.give()
         yield
         if held:
+            self.further = True
             self.take(max(deadline.end - time.monotonic(), 0.0))
 
     def _sleep(self, seconds):
@@ -564,7 +642,45 @@ class _Waits:
         self.mutex = threading.Lock()
         self.epoll = select.epoll() if hasattr(select, "epoll") else None
         self._by_fd = {}
+        self._parked = {}             # fd -> (tunnel, when its wait ends, what to do then)
+        self._next_check = 0.0        # when to look for parked connections out of time
         self._thread = None
+
+    def park(self, tunnel, until, then):
+        """Call ``then`` (on the poller's thread) once ``tunnel.conn`` has bytes,
+        or at ``until``: a connection whose client has not spoken holds no thread."""
+        fd = tunnel.conn.fileno()
+        with self.mutex:
+            tunnel.parked = True
+            self._parked[fd] = (tunnel, until, then)
+            self.epoll.register(fd, select.EPOLLIN | select.EPOLLONESHOT)
+            self._start()
+
+    def unpark(self, tunnel):
+        """True if ``tunnel`` was still parked (it is not any more), False if it
+        was handed on already, or never parked."""
+        with self.mutex:
+            fd = tunnel.conn.fileno()
+            entry = self._parked.get(fd)
+            if entry is None or entry[0] is not tunnel:
+                return False
+            del self._parked[fd]
+            tunnel.parked = False
+            try:
+                self.epoll.unregister(fd)
+            except OSError:
+                pass
+            return True
+
+    def _unparked(self, fd):
+        tunnel, _, then = self._parked.pop(fd)
+        tunnel.parked = False
+        return then
+
+    def _start(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="handshake-waits", daemon=True)
+            self._thread.start()
 
     def watch(self, turn, sock, write):
         """Wake ``turn`` once ``sock`` is ready (``mutex`` held)."""
@@ -576,9 +692,7 @@ class _Waits:
             self.epoll.modify(fd, mask)
         self._by_fd[fd] = turn
         turn.fd = fd
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="handshake-waits", daemon=True)
-            self._thread.start()
+        self._start()
 
     def forget(self, turn):
         """``turn`` waits no more (its time ran out; ``mutex`` held)."""
@@ -593,15 +707,30 @@ class _Waits:
         """Until nobody has waited for half a second: a listener at rest keeps no
         thread for this (``watch`` starts one again)."""
         while True:
-            events = self.epoll.poll(0.5)
+            events = self.epoll.poll(0.5 if not self._parked else PARK_CHECK)
+            due = []
             with self.mutex:
                 for fd, _ in events:
                     turn = self._by_fd.pop(fd, None)
                     if turn is not None and turn.state == NET:
                         turn.turns.ready(turn)
-                if not events and not self._by_fd:
+                    elif fd in self._parked:
+                        due.append(self._unparked(fd))
+                if self._parked:
+                    now = time.monotonic()
+                    if now >= self._next_check:
+                        self._next_check = now + PARK_CHECK
+                        for fd in [fd for fd, (_, until, _) in self._parked.items() if until <= now]:
+                            due.append(self._unparked(fd))
+                idle = not events and not due and not self._by_fd and not self._parked
+                if idle:
                     self._thread = None
                     return
+            for then in due:        # its handshake thread starts (its deadline may have passed)
+                then()
+
+
+PARK_CHECK = 0.5    # seconds between looks for parked connections out of time
 
 
 def somaxconn():
@@ -698,14 +827,15 @@ def prepare_for_serving(max_connections):
 
 def raise_descriptor_limit(max_connections):
     """Raise the soft RLIMIT_NOFILE as far as --max-connections needs (two
-    descriptors a connection): the common default of 1024 would fail
+    descriptors a tunnel, and as many again for the pending handshakes, whose
+    limit is the same number): the common default of 1024 would fail
     connections long before the cap. Warn when the hard limit forbids it."""
     try:
         import resource
     except ImportError:  # not POSIX: nothing to raise
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 2 * max_connections + 64
+    need = 4 * max_connections + 64
     unlimited = resource.RLIM_INFINITY
     if soft != unlimited and soft < need:
         target = need if hard == unlimited else min(need, hard)
@@ -717,5 +847,5 @@ def raise_descriptor_limit(max_connections):
     if soft != unlimited and soft < need:
         log.warning("only %d file descriptors allowed (ulimit -n); --max-connections=%d "
                     "needs about %d, so connections beyond ~%d will fail",
-                    soft, max_connections, need, (soft - 64) // 2)
+                    soft, max_connections, need, (soft - 64) // 4)
 

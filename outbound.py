@@ -63,7 +63,9 @@ class Deadline:
 
     def within(self, seconds):
         """A shorter deadline (at most this one's) for one part, in the same turn."""
-        return Deadline(min(seconds, self.remaining()), self.turn)
+        part = Deadline(seconds, self.turn)
+        part.end = min(part.end, self.end)
+        return part
 
     def outside(self):
         """A context for a blocking call made without the turn (a no-op without one)."""

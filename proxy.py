@@ -364,7 +364,7 @@ def handle_socks_client(conn, settings, tunnel):
 
     The config is made before we dial, as lyrebird does, so that work such as
     key generation happens before the censor sees a connection."""
-    deadline = Deadline(settings.handshake_timeout, tunnel.turn)
+    deadline = tunnel.deadline(settings.handshake_timeout)
     negotiation = socks.SocksServer()
     while negotiation.request is None:
         send_all(conn, negotiation.receive(recv_some(conn, deadline)), deadline)
@@ -394,7 +394,7 @@ def handle_fixed_client(conn, settings, tunnel):
     if application_gone(conn):
         raise PeerClosed("the application closed the connection before sending anything: "
                          "nothing dialled")
-    deadline = Deadline(settings.handshake_timeout, tunnel.turn)
+    deadline = tunnel.deadline(settings.handshake_timeout)
     config = settings.client_config()
     server, transport, to_application = open_tunnel(settings, config, settings.dest, deadline, tunnel)
     return Relay(conn, server, transport, to_upstream=to_application)
@@ -485,7 +485,7 @@ def handle_server(conn, settings, tunnel):
     """
     transport = settings.new_transport(False, settings.config, tunnel.pools)
     limit = getattr(transport, "handshake_timeout", None) or settings.handshake_timeout
-    deadline = Deadline(limit, tunnel.turn)
+    deadline = tunnel.deadline(limit)
     try:
         to_destination = transport_handshake(conn, transport, deadline, tunnel.key_work)
     except (socket.timeout, PeerClosed, transport.ProtocolError) as exc:
@@ -529,6 +529,26 @@ def handle_server(conn, settings, tunnel):
                             "one, and does Tor take this transport?)"
                             % (reason, format_address(settings.dest)))
     return Relay(dest, conn, transport, to_upstream=to_destination)
+
+
+def first_wait(handler, settings):
+    """None when a new connection of this handler may need action from our side
+    before its client sends anything; else how long it may wait for the
+    client's first bytes (the listener then watches it without a thread).
+
+    A SOCKS client always waits for the application's request. A server waits
+    when its transport has nothing to send first and is not open yet (obfs4,
+    webtunnel, obfs2 with a shared secret), found by asking a fresh transport,
+    once per listening socket; obfs3 and plain obfs2 send first, and dummy is
+    open at once (its --dest may be the one to speak first)."""
+    if handler is handle_socks_client:
+        return settings.handshake_timeout
+    if handler is not handle_server:
+        return None
+    probe = settings.transport_class(False, settings.config)
+    if probe.start() or probe.is_open:
+        return None
+    return getattr(probe, "handshake_timeout", None) or settings.handshake_timeout
 
 
 # Each handler's side of the protocol, fixed for every tunnel it serves.

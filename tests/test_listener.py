@@ -459,3 +459,285 @@ def test_sigterm_is_answered_while_thousands_of_tunnels_close():
         took = time.monotonic() - began
         print("\nSIGTERM during the close of %d tunnels: both exited in %.2f s" % (count, took))
         assert took < 5, "exit took %.1f s" % took
+
+
+# --- A bridge many people share: pending handshakes, turns, key work -------------------
+
+def test_silent_sockets_beyond_the_pending_limit_do_not_lock_out_a_prompt_client(dummy_pair):
+    """Pending handshakes have their own limit, and a new connection drops the
+    oldest pending one when it is full: with 4 allowed, 8 sockets that never
+    speak leave room for a client that completes its handshake promptly, and
+    the 4 oldest are the ones closed (a drop is logged, rate-limited)."""
+    client_address, server_address, server, client = dummy_pair
+    client.max_pending = 4
+    silent = [socket.create_connection(client_address, timeout=WAIT) for _ in range(8)]
+    try:
+        wait_until(lambda: client.accepted == 8, what="8 silent sockets accepted")
+        sock = socks_echo(client_address, server_address, b"prompt")
+        sock.close()
+        for old in silent[:5]:           # the 5th went for the prompt client
+            old.settimeout(WAIT)
+            assert old.recv(1) == b""
+        assert client.dropped == 5 and len(client.pending) == 3
+        for new in silent[5:]:
+            new.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                new.recv(1)              # still pending: neither answered nor closed
+    finally:
+        for each in silent:
+            each.close()
+
+
+def test_a_socket_that_has_sent_nothing_holds_no_thread(dummy_pair):
+    """20 connections that say nothing to a SOCKS port start no handshake thread
+    (the listener watches them, ``_Waits.park``); each gets one once it speaks,
+    or closes."""
+    client_address, server_address, server, client = dummy_pair
+    silent = [socket.create_connection(client_address, timeout=WAIT) for _ in range(20)]
+    try:
+        wait_until(lambda: client.accepted == 20, what="20 silent sockets accepted")
+        assert named_threads("conn-") == []
+        assert len(client.pending) == 20
+    finally:
+        for sock in silent:
+            sock.close()
+    wait_until(lambda: client.live == 0, what="all 20 counted out once closed")
+
+
+def test_relayed_tunnels_and_pending_handshakes_are_counted_apart(dummy_pair):
+    """--max-connections caps tunnels relayed, not handshakes pending: a tunnel
+    counts once its relay is handed to the pump, and is counted out at its end."""
+    client_address, server_address, server, client = dummy_pair
+    silent = socket.create_connection(client_address, timeout=WAIT)
+    sock = socks_echo(client_address, server_address)
+    wait_until(lambda: client.relayed == 1 and len(client.pending) == 1, what="1 relayed, 1 pending")
+    sock.close()
+    silent.close()
+    wait_until(lambda: client.relayed == 0 and not client.pending and client.live == 0,
+               what="both counted out")
+
+
+class Toy:
+    """A server-side transport that needs one byte from its client and spends
+    ``COMPUTE`` seconds on it (sleeping, so that threads can overlap), recording
+    how many of its kind compute at once: ``running``, ``most``."""
+
+    name, expensive, handshake_timeout = "toy", False, None
+    COMPUTE = 0.05
+    lock = threading.Lock()
+    running = most = 0
+
+    class ProtocolError(Exception):
+        pass
+
+    def __init__(self, initiator, config):
+        self.is_open = False
+
+    @classmethod
+    def server_config(cls, options, state_dir=None):
+        return None, {}
+
+    def start(self):
+        return b""
+
+    def receive(self, data):
+        with Toy.lock:
+            Toy.running += 1
+            Toy.most = max(Toy.most, Toy.running)
+        time.sleep(Toy.COMPUTE)
+        with Toy.lock:
+            Toy.running -= 1
+        self.is_open = True
+        return data
+
+    def data_to_send(self):
+        return b""
+
+    def send(self, data):
+        return data
+
+
+@pytest.fixture(params=["parked"])
+def toy_server(monkeypatch, request):
+    """A Listener serving the Toy transport in front of an echo, 2 turns wide;
+    with the param "not parked", a connection gets its thread at once."""
+    import transports
+    monkeypatch.setitem(transports.TRANSPORTS, "toy", Toy)
+    monkeypatch.setattr(listener, "TURNS", 2)
+    if request.param == "not parked":
+        monkeypatch.setattr(listener, "first_wait", lambda handler, settings: None)
+    Toy.running = Toy.most = 0
+    with EchoServer(backlog=128) as echo:
+        node, address, thread = serving(proxy.Settings("toy", dest=echo.address))
+        yield node, address
+        node.stop()
+        thread.join(WAIT)
+
+
+def test_the_handshakes_of_a_listening_socket_compute_a_few_at_a_time(toy_server):
+    """12 handshakes whose bytes all arrive at once: at most TURNS of them
+    run their transport's work at the same time (without turns, all 12 did);
+    all 12 then carry data."""
+    node, address = toy_server
+    socks = [socket.create_connection(address, timeout=WAIT) for _ in range(12)]
+    for sock in socks:
+        sock.sendall(b"x")
+    for sock in socks:
+        assert recv_exact(sock, 1) == b"x"
+        sock.close()
+    assert Toy.most == 2, Toy.most
+
+
+@pytest.mark.parametrize("toy_server", ["not parked"], indirect=True)
+def test_a_handshake_waiting_for_its_client_holds_no_turn(toy_server):
+    """With one turn, 5 connections that never send (each on its thread, not
+    parked) still leave it free for one that does: a handshake gives its turn
+    up while it waits for the network."""
+    node, address = toy_server
+    node.listeners[0][4].width = 1
+    silent = [socket.create_connection(address, timeout=WAIT) for _ in range(5)]
+    try:
+        wait_until(lambda: node.accepted == 5, what="5 silent connections accepted")
+        with socket.create_connection(address, timeout=WAIT) as prompt:
+            prompt.sendall(b"p")
+            assert recv_exact(prompt, 1) == b"p"
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_each_listening_socket_has_its_own_key_work_slot():
+    """A bridge with two listening sockets (obfs2 with a shared secret on
+    both): while the first's key-work slot is held (a flood of probes there),
+    a handshake on the second still completes; it waited, in vain, when the
+    process had one slot."""
+    secret = {"shared-secret": "one slot each", "ss-hash-iterations": "10"}
+    import obfs2
+    config = obfs2.Obfs2.server_config(secret)[0]
+    with EchoServer() as echo:
+        node = listener.Listener(pool_size=0)
+        settings = proxy.Settings("obfs2", config=config, dest=echo.address, handshake_timeout=5)
+        node.listen(("127.0.0.1", 0), proxy.handle_server, settings)
+        second = node.listen(("127.0.0.1", 0), proxy.handle_server, settings)
+        thread = threading.Thread(target=node.serve, daemon=True)
+        thread.start()
+        client, client_address, client_thread = serving(
+            proxy.Settings("obfs2", options=secret, handshake_timeout=5), proxy.handle_socks_client)
+        assert node.listeners[0][3] is not node.listeners[1][3]
+        node.listeners[0][3]._slot.acquire()       # the first listening socket is busy
+        try:
+            sock = socks_echo(client_address, second, b"through the second")
+            sock.close()
+        finally:
+            node.listeners[0][3]._slot.release()
+            for each, runner in ((node, thread), (client, client_thread)):
+                each.stop()
+                runner.join(WAIT)
+
+
+def test_a_local_wait_for_key_work_is_not_blamed_on_the_bridge():
+    """A client whose handshake waited past its deadline for this process's key
+    work says so, not "timed out (... a wrong cert= ...)": the bridge was never
+    waited on."""
+    secret = {"shared-secret": "busy here", "ss-hash-iterations": "10"}
+    settings = proxy.Settings("obfs2", options=secret, handshake_timeout=0.5)
+    key_work = proxy.KeyWork()
+
+    class Tunnel:
+        pools = None
+        turn = None
+        note = staticmethod(lambda text: None)
+        owned = []
+
+        def owns(self, sock):
+            self.owned.append(sock)
+    Tunnel.key_work = key_work
+    bridge = socket.create_server(("127.0.0.1", 0))
+    key_work._slot.acquire()
+    try:
+        with pytest.raises(proxy.HopFailed) as failure:
+            proxy.open_tunnel(settings, settings.client_config(), bridge.getsockname()[:2],
+                              proxy.Deadline(0.5), Tunnel())
+    finally:
+        key_work._slot.release()
+        bridge.close()
+    text = str(failure.value)
+    assert "not the bridge's fault" in text and "key work" in text, text
+    assert "timed out" not in text, text
+
+
+def test_the_listen_backlog_follows_the_system_limit(monkeypatch):
+    """listen() asks for the system's most (somaxconn: 4,096 on a recent Linux),
+    not 512: a storm waits in the backlog instead of overflowing it."""
+    asked = []
+    real = socket.socket.listen
+    monkeypatch.setattr(socket.socket, "listen", lambda sock, backlog: asked.append(backlog) or
+                        real(sock, backlog))
+    listener.listen(("127.0.0.1", 0)).close()
+    assert asked == [listener.somaxconn()]
+    if os.path.exists("/proc/sys/net/core/somaxconn"):
+        with open("/proc/sys/net/core/somaxconn") as limit:
+            assert listener.somaxconn() == int(limit.read())
+
+
+@pytest.mark.parametrize("path", ["at once", "idle then a large step"])
+def test_a_bridge_resets_dest_when_the_stream_is_tampered_with(tmp_path, path):
+    """The same flipped bit: the obfuscated peer gets a FIN (above), but --dest
+    gets a reset, so that the application behind the bridge never takes a cut
+    stream for a complete one."""
+    endings = []
+
+    def echo_and_record(conn):
+        try:
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    endings.append("FIN")
+                    return
+                conn.sendall(data)
+        except ConnectionResetError:
+            endings.append("RST")
+    with EchoServer(behaviour=echo_and_record) as dest, \
+            Program("server", "--transport=obfs4", "--state-dir=%s" % tmp_path,
+                    "--dest=" + fmt(dest.address), "127.0.0.1:0", "--log-min-severity=info") as server:
+        line = server.log.wait_for(r"bridge line for clients: .*cert=(\S+) iat-mode=(\d)")
+        flipper = BitFlipper(server.address)
+        with Program("client", "--transport=obfs4", "--cert=" + line.group(1), "--iat-mode=0",
+                     "--dest=" + fmt(flipper.address), "127.0.0.1:0") as client:
+            with socket.create_connection(client.address, timeout=30) as app:
+                app.sendall(b"hello")
+                assert recv_exact(app, 5) == b"hello"
+                if path != "at once":
+                    big = os.urandom(256 * 1024)
+                    writer = threading.Thread(target=app.sendall, args=(big,), daemon=True)
+                    writer.start()
+                    assert recv_exact(app, len(big)) == big
+                    writer.join(WAIT)
+                flipper.arm()
+                app.sendall(b"tampered")
+                assert flipper.ended.wait(30), "the bridge never closed the tampered stream"
+            server.log.wait_for(r"conn 1 .*: not obfs4: .*Poly1305")
+            wait_until(lambda: endings, what="--dest closed")
+    assert endings == ["RST"], endings
+    assert flipper.closed_by_server == "FIN", flipper.closed_by_server
+
+
+def test_a_full_pending_set_drops_no_handshake_being_computed(toy_server, monkeypatch):
+    """With 2 pending handshakes allowed and both computing (not waiting for their
+    client), a third connection is refused, and the two complete."""
+    node, address = toy_server
+    monkeypatch.setattr(Toy, "COMPUTE", 1.0)
+    node.max_pending = 2
+    busy = [socket.create_connection(address, timeout=WAIT) for _ in range(2)]
+    try:
+        for sock in busy:
+            sock.sendall(b"b")
+        wait_until(lambda: Toy.running == 2, what="both computing")
+        with socket.create_connection(address, timeout=WAIT) as third:
+            assert third.recv(1) == b""          # refused: closed at once
+        for sock in busy:
+            assert recv_exact(sock, 1) == b"b"
+        assert node.dropped == 0
+    finally:
+        for sock in busy:
+            sock.close()

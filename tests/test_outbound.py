@@ -497,3 +497,14 @@ def test_one_deadline_covers_every_address_of_a_name(monkeypatch):
     finally:
         for sock in [a, b] + fill_a + fill_b:
             sock.close()
+
+
+def test_a_part_of_a_deadline_never_outlasts_it():
+    """``within`` gives a part at most the time left, in the same turn;
+    ``outside`` without a turn changes nothing."""
+    deadline = outbound.Deadline(5.0, turn="a turn")
+    part = deadline.within(60.0)
+    assert part.end <= deadline.end and part.turn == "a turn"
+    assert deadline.within(1.0).end < deadline.end
+    with outbound.Deadline(5.0).outside():
+        pass

@@ -1778,3 +1778,15 @@ def test_one_gib_stream_arrives_byte_exact():
         assert digest == sent.digest()
         for name, growth in grown.items():
             assert growth < 64, "%s grew by %d MiB moving 1 GiB" % (name, growth)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e12", "-1"])
+def test_a_handshake_timeout_that_no_timer_takes_is_refused_at_start(value):
+    """--handshake-timeout=inf (or nan, or more than a day) passed the check once and
+    then failed every connection as an internal error; now it is one line, exit 2."""
+    result = subprocess.run([sys.executable, PROGRAM, "server", "--transport=dummy",
+                             "--dest=127.0.0.1:1", "--handshake-timeout=" + value, "127.0.0.1:0"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--handshake-timeout" in lines[0], lines

@@ -33,8 +33,8 @@ from contextlib import ExitStack
 import pytest
 import stress
 from peers import Obfs4proxy, pinned_options
-from procwatch import close_wait, fd_count, needs_proc, thread_count
-from support import EchoServer, Program, fmt, require_obfs4proxy, socks5_connect
+from procwatch import close_wait, cpu_seconds, fd_count, needs_proc, thread_count
+from support import EchoServer, Program, fmt, recv_exact, require_obfs4proxy, socks5_connect
 
 import listener
 import pool
@@ -378,3 +378,45 @@ def test_a_closed_echo_server_serves_no_later_connection():
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(address, timeout=5).close()
     assert echo.accepted == 1
+
+
+@pytest.mark.slow
+@needs_proc
+def test_a_crowd_of_silent_and_slow_sockets_locks_no_prompt_client_out(tmp_path):
+    """A bridge (obfs4, --max-connections=256, so 256 pending handshakes at most)
+    with 1,000 sockets that never speak and 500 that send a byte every half
+    second (10 s in all): a tunnel opened before keeps echoing, and each of the
+    tunnels opened meanwhile gets through. Prints the server's threads and CPU."""
+    with EchoServer(backlog=1024) as dest, ExitStack() as stack:
+        server = stack.enter_context(Program(
+            "server", "--transport=obfs4", "--state-dir=%s" % tmp_path, "--dest=" + fmt(dest.address),
+            "--max-connections=256", "127.0.0.1:0"))
+        cert = server.log.wait_for(r"bridge line for clients: .*cert=(\S+) iat-mode").group(1)
+        client = stack.enter_context(Program("client", "--transport=obfs4", "127.0.0.1:0"))
+        args = "cert=%s;iat-mode=0" % cert
+        live = stack.enter_context(socks5_connect(client.address, server.address, args=args))
+        crowd = [stack.enter_context(socket.create_connection(server.address, timeout=10))
+                 for _ in range(1500)]
+        slow = crowd[1000:]
+        for sock in slow:
+            sock.setblocking(False)
+        cpu_before = cpu_seconds(server.process.pid)
+        opened, most_threads = 0, 0
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            for sock in slow:
+                try:
+                    sock.send(b"\x17")
+                except OSError:       # dropped to make room: the crowd does not come back
+                    pass
+            with socks5_connect(client.address, server.address, args=args) as prompt:
+                prompt.sendall(b"prompt")
+                assert recv_exact(prompt, 6) == b"prompt"
+            opened += 1
+            live.sendall(b"live")
+            assert recv_exact(live, 4) == b"live"
+            most_threads = max(most_threads, thread_count(server.process.pid))
+            time.sleep(0.5)
+        print("\n%d prompt tunnels opened beside 1,000 silent and 500 slow sockets; the server "
+              "ran at most %d threads and spent %.1f CPU-s"
+              % (opened, most_threads, cpu_seconds(server.process.pid) - cpu_before))
