@@ -404,7 +404,7 @@ class _PortableSecretBox(SecretBox):
     side by side (up to ``BATCH_BLOCKS`` at a time: past that the integers outgrow the
     CPU's cache and each block costs more again)."""
 
-    BATCH_BLOCKS = 256
+    BATCH_BLOCKS = 512
 
     def __init__(self, key32, nonce_prefix16):
         SecretBox.__init__(self, key32, nonce_prefix16)
