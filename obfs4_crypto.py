@@ -399,16 +399,54 @@ class _NaClSecretBox(SecretBox):
 
 
 class _PortableSecretBox(SecretBox):
-    """The Salsa20 and Poly1305 routes, with the HSalsa20 subkey cached. On the
-    pure-Python Salsa20, ``seal_packets`` computes the keystream blocks of many frames
-    side by side (up to ``BATCH_BLOCKS`` at a time: past that the integers outgrow the
-    CPU's cache and each block costs more again)."""
+    """The Salsa20 and Poly1305 routes, with the HSalsa20 subkey cached.
+
+    On the pure-Python Salsa20 (pure_salsa20.py), whose cost per block falls the more
+    blocks it computes side by side, frames are batched both ways:
+
+    * ``seal_packets`` computes the keystreams of a whole write's frames together (up
+      to ``BATCH_BLOCKS`` blocks at a time: past that the integers outgrow the CPU's
+      cache and each block costs more again);
+    * ``open_view`` knows the next frames' nonces before they arrive (the counter goes
+      up by one a frame), so while frames come full-sized it computes the keystreams of
+      the next ones with this one, up to ``READ_AHEAD`` frames (the run doubles on each
+      large frame, and falls back to one frame at the first small one, so interactive
+      traffic computes nothing it does not use). The streams kept are the keystream of
+      frames still to come: they are as secret as the key beside them, and go with it."""
 
     BATCH_BLOCKS = 512
+    READ_AHEAD = 16
+    LARGE = 1024            # a frame at least this long (ciphertext bytes) is bulk traffic
 
     def __init__(self, key32, nonce_prefix16):
         SecretBox.__init__(self, key32, nonce_prefix16)
         self._subkey = hsalsa20(self._key, self.nonce_prefix)
+        self._ahead, self._run = {}, 1        # counter -> 32 + length keystream bytes
+
+    def open_view(self, counter, box):
+        if _salsa20_xor is not pure_salsa20.salsa20_xor:
+            return _open(self._subkey, _be64(counter), box)
+        if len(box) < TAG_LENGTH:
+            raise ValueError("bad tag")
+        box = memoryview(box)
+        ciphertext = box[TAG_LENGTH:]
+        stream = self._keystream(counter, 32 + len(ciphertext))
+        if not hmac.compare_digest(poly1305(stream[:32], ciphertext), box[:TAG_LENGTH]):
+            raise ValueError("bad tag")
+        return memoryview(pure_salsa20.xor(ciphertext, stream[32:32 + len(ciphertext)]))
+
+    def _keystream(self, counter, length):
+        """At least ``length`` keystream bytes of frame ``counter``: read ahead before,
+        or computed now with those of the next frames (see the class docstring)."""
+        stream = self._ahead.pop(counter, None)
+        if stream is not None and len(stream) >= length:
+            return stream
+        _be64(counter)
+        self._run = min(2 * self._run, self.READ_AHEAD) if length >= 32 + self.LARGE else 1
+        counters = range(counter, min(counter + self._run, 1 << 64))
+        streams = pure_salsa20.keystreams(self._subkey, [(n.to_bytes(8, "big"), length) for n in counters])
+        self._ahead = dict(zip(counters[1:], streams[1:]))
+        return streams[0]
 
     def seal(self, counter, packet):
         return _seal(self._subkey, _be64(counter), packet)
@@ -432,9 +470,6 @@ class _PortableSecretBox(SecretBox):
             ciphertext = memoryview(out)[32:]
             boxes.append(poly1305(out[:32], ciphertext) + ciphertext)
         return boxes
-
-    def open_view(self, counter, box):
-        return _open(self._subkey, _be64(counter), box)
 
 
 def _be64(counter):

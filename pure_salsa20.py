@@ -143,34 +143,45 @@ def _core(state, count):
     return bytes(out)
 
 
-def _lanes(values):
-    """One word of many blocks as a lane int: value i at bit 40 i."""
-    return int.from_bytes(b"".join(struct.pack("<IB", value, 0) for value in values), "little")
+def _ramp(count):
+    """0, 1, 2, .. count - 1 in lanes 0 .. count - 1: the block counters of one message."""
+    found = _RAMPS.get(count)
+    if found is None:
+        found = int.from_bytes(b"".join(i.to_bytes(LANE_BYTES, "little") for i in range(count)), "little")
+        if len(_RAMPS) > 64:
+            _RAMPS.clear()
+        _RAMPS[count] = found
+    return found
+
+
+_RAMPS = {}
 
 
 def keystreams(key32, requests):
     """[Salsa20/20(key32, nonce8) keystream of ``length`` bytes, block counter from 0,
     for each (nonce8, length) in ``requests``]: every block of every request side by
-    side in one pass of the rounds."""
+    side in one pass of the rounds. (Block counters stay below 2^32: word 9 is 0.)"""
     if len(key32) != 32:
         raise ValueError("Salsa20 takes a 32-byte key, not %d" % len(key32))
     counts = [-(-length // 64) for _, length in requests]
     total = sum(counts)
     if total == 0:
         return [b"" for _ in requests]
-    nonce_low, nonce_high, counter_low, counter_high = [], [], [], []
+    nonce_low = nonce_high = counter_low = 0
+    shift = 0
     for (nonce8, _), count in zip(requests, counts):
         if len(nonce8) != 8:
             raise ValueError("Salsa20 takes an 8-byte nonce, not %d" % len(nonce8))
         n0, n1 = struct.unpack("<2I", nonce8)
-        nonce_low += [n0] * count
-        nonce_high += [n1] * count
-        counter_low += range(count)
-        counter_high += [0] * count
+        one = _masks(count)[-1]
+        nonce_low |= n0 * one << shift
+        nonce_high |= n1 * one << shift
+        counter_low |= _ramp(count) << shift
+        shift += 8 * LANE_BYTES * count
     same = _masks(total)[-1]    # 1 in every lane
     k = struct.unpack("<8I", key32)
     state = (SIGMA[0] * same, k[0] * same, k[1] * same, k[2] * same, k[3] * same, SIGMA[1] * same,
-             _lanes(nonce_low), _lanes(nonce_high), _lanes(counter_low), _lanes(counter_high),
+             nonce_low, nonce_high, counter_low, 0,
              SIGMA[2] * same, k[4] * same, k[5] * same, k[6] * same, k[7] * same, SIGMA[3] * same)
     stream = memoryview(_core(state, total))
     out, start = [], 0
