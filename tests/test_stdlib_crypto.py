@@ -204,6 +204,31 @@ def test_the_batched_seal_equals_one_frame_at_a_time(monkeypatch):
         box.seal_packets(2 ** 64 - 6, packets)
 
 
+def test_reading_ahead_opens_every_frame_as_sealed(monkeypatch):
+    """Full-sized frames make open_view compute the next frames' keystreams ahead; a
+    small frame, a longer one than was read ahead, a forged one and a counter out of
+    turn must all still open (or fail) exactly as the frame alone would."""
+    monkeypatch.setattr(c, "_salsa20_xor", pure_salsa20.salsa20_xor)
+    key, prefix = os.urandom(32), os.urandom(16)
+    sender, receiver = c._PortableSecretBox(key, prefix), c._PortableSecretBox(key, prefix)
+    sizes = [1430] * 20 + [10, 1100, 1430, 1430, 1430, 1430, 0, 1430, 1430]
+    packets = [os.urandom(size) for size in sizes]
+    boxes = sender.seal_packets(1, packets)
+    for counter, (box, packet) in enumerate(zip(boxes, packets), 1):
+        if counter == 24:           # the next frames were read ahead for 1100 bytes each
+            assert receiver._ahead
+            forged = bytes([box[0] ^ 1]) + box[1:]
+            with pytest.raises(ValueError, match="bad tag"):
+                receiver.open_view(counter, forged)
+        assert bytes(receiver.open_view(counter, box)) == packet
+    assert bytes(receiver.open_view(5, boxes[4])) == packets[4]      # out of turn
+    longer = sender.seal(40, os.urandom(1430))
+    receiver._ahead = {40: bytes(100)}                               # too short: recomputed
+    assert len(receiver.open(40, longer)) == 1430
+    with pytest.raises(ValueError, match="bad tag"):
+        receiver.open_view(7, boxes[7])                              # sealed under counter 8
+
+
 # --- Poly1305, X25519 through libcrypto -------------------------------------------------
 
 @pytest.mark.parametrize("v", PRIMITIVES["poly1305"]["cases"])
