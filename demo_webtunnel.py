@@ -23,17 +23,13 @@ import time
 from typing import Optional
 from urllib.parse import urlsplit
 
-from Crypto.Cipher import AES, ChaCha20_Poly1305
-from Crypto.Hash import SHA256
-from Crypto.PublicKey import ECC
-from Crypto.Signature import DSS
-
 import present
 import proxy
 import tlswire
 import webtunnel
 from demo_base import MESSAGE, Stage, application_bytes
 from outbound import format_address, is_ip_literal
+from tlscrypto import AES, DSS, ECC, SHA256, ChaCha20_Poly1305  # pycryptodome's, else libcrypto's
 
 # --- webtunnel: the demo's certificate --------------------------------------------------------
 #

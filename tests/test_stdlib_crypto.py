@@ -368,3 +368,61 @@ def test_python_alone_imports_the_transports(tmp_path):
     assert "PyNaCl" not in report.split("PyNaCl not used")[0] and "pycryptodome Salsa20" not in report
     assert "Salsa20: pure Python" in report
     assert aes in ("libcrypto EVP_EncryptUpdate", "pure Python")
+
+
+# --- the webtunnel demo's TLS crypto on libcrypto (tlscrypto.py) ------------------------
+
+def _pycryptodome_module(name):
+    """pycryptodome's module from either namespace, whatever OBFSPROXY_CRYPTO says."""
+    import importlib
+    for namespace in ("Crypto", "Cryptodome"):
+        try:
+            return importlib.import_module("%s.%s" % (namespace, name))
+        except ImportError:
+            continue
+    pytest.skip("pycryptodome (the second opinion) is not installed")
+
+
+@pytest.mark.parametrize("suite", ["AES-128-GCM", "AES-256-GCM", "ChaCha20-Poly1305"])
+def test_tlscrypto_opens_what_pycryptodome_seals(suite):
+    need(accel.LIBCRYPTO is not None, "libcrypto")
+    import tlscrypto
+    key = os.urandom(16 if suite == "AES-128-GCM" else 32)
+    nonce, aad, message = os.urandom(12), os.urandom(5), os.urandom(300)
+    if suite.startswith("AES"):
+        AES = _pycryptodome_module("Cipher.AES")
+        sealer, opener = AES.new(key, AES.MODE_GCM, nonce=nonce), tlscrypto._AESModule.new(key, 11, nonce)
+        forged = tlscrypto._AESModule.new(key, 11, nonce)
+    else:
+        sealer = _pycryptodome_module("Cipher.ChaCha20_Poly1305").new(key=key, nonce=nonce)
+        opener = tlscrypto._ChaCha20Poly1305Module.new(key=key, nonce=nonce)
+        forged = tlscrypto._ChaCha20Poly1305Module.new(key=key, nonce=nonce)
+    sealer.update(aad)
+    ciphertext, tag = sealer.encrypt_and_digest(message)
+    opener.update(aad)
+    assert opener.decrypt_and_verify(ciphertext, tag) == message
+    forged.update(aad)
+    with pytest.raises(ValueError):
+        forged.decrypt_and_verify(ciphertext, bytes([tag[0] ^ 1]) + tag[1:])
+
+
+def test_tlscrypto_p256_keys_and_signatures():
+    need(accel.LIBCRYPTO is not None, "libcrypto")
+    import tlscrypto
+    key = tlscrypto._ECCModule.generate(curve="P-256")
+    p = 2 ** 256 - 2 ** 224 + 2 ** 192 + 2 ** 96 - 1                 # FIPS 186-4 D.1.2.3
+    b = int("5ac635d8aa3a93e7b3ebbd55769886bc651d06b0cc53b0f63bce3c3e27d2604b", 16)
+    x, y = key.pointQ.x, key.pointQ.y
+    assert (y * y - (x ** 3 - 3 * x + b)) % p == 0
+    spki = key.public_key().export_key(format="DER")
+    assert spki.endswith(b"\x04" + x.to_bytes(32, "big") + y.to_bytes(32, "big"))
+    assert key.export_key(format="PEM").startswith("-----BEGIN EC PRIVATE KEY-----\n")
+    data = os.urandom(100)
+    signer = tlscrypto._DSSModule.new(key, "fips-186-3", encoding="der")
+    signature = signer.sign(tlscrypto._SHA256Module.new(data))
+    ECC, DSS, SHA256 = (_pycryptodome_module(name)
+                        for name in ("PublicKey.ECC", "Signature.DSS", "Hash.SHA256"))
+    verifier = DSS.new(ECC.import_key(spki), "fips-186-3", encoding="der")
+    verifier.verify(SHA256.new(data), signature)                        # raises if wrong
+    with pytest.raises(ValueError):
+        verifier.verify(SHA256.new(data + b"x"), signature)
