@@ -426,3 +426,44 @@ def test_tlscrypto_p256_keys_and_signatures():
     verifier.verify(SHA256.new(data), signature)                        # raises if wrong
     with pytest.raises(ValueError):
         verifier.verify(SHA256.new(data + b"x"), signature)
+
+
+# --- the families and the setting (accel.py) ---------------------------------------------
+
+def test_pycryptodome_is_found_under_either_namespace(monkeypatch):
+    assert accel.import_pycryptodome(False, "stdlib") == (None, "OBFSPROXY_CRYPTO=stdlib")
+    assert accel.import_pycryptodome(True, namespaces=("NoSuchNamespace",))[0] is None
+    found = [name for name in ("Crypto", "Cryptodome")
+             if accel.import_pycryptodome(True, namespaces=(name,))[0]]
+    need(found, "pycryptodome")
+    for name in found:      # pip's Crypto first; where it is absent, Debian's Cryptodome
+        assert accel.import_pycryptodome(True, namespaces=("NoSuchNamespace", name)) == (name, None)
+    for name in [name for name in sys.modules if name.split(".")[0] == "Crypto"] + ["Crypto"]:
+        monkeypatch.setitem(sys.modules, name, None)            # "import Crypto..." -> ImportError
+    assert accel.import_pycryptodome(True)[0] == ("Cryptodome" if "Cryptodome" in found else None)
+
+
+@pytest.mark.parametrize("value, mode", [("", "auto"), (" AUTO ", "auto"), ("portable", "portable"),
+                                         ("Stdlib", "stdlib")])
+def test_crypto_mode_values(value, mode):
+    assert accel.crypto_mode({accel.CRYPTO_ENV: value}) == mode
+    assert accel.crypto_mode({}) == "auto"
+
+
+def test_a_bad_crypto_mode_is_one_line_naming_the_values():
+    with pytest.raises(accel.CryptoSettingError) as caught:
+        accel.crypto_mode({accel.CRYPTO_ENV: "fast"})
+    text = str(caught.value)
+    assert "\n" not in text and "OBFSPROXY_CRYPTO='fast'" in text
+    assert all("'%s'" % mode in text for mode in accel.MODES)
+    assert isinstance(caught.value, accel.KnownAnswerError)      # obfsproxy.py's one-line path
+
+
+def test_a_bad_crypto_mode_stops_every_route_module():
+    for module in ("obfs2", "obfs3", "obfs4_drbg", "curve25519", "obfs4_crypto"):
+        result = subprocess.run([sys.executable, "-c", "import %s" % module], cwd=str(ROOT),
+                                capture_output=True, text=True, timeout=60,
+                                env=dict(os.environ, OBFSPROXY_CRYPTO="fast"))
+        assert result.returncode == 1, module
+        assert result.stderr.strip().splitlines()[-1].startswith(
+            "accel.CryptoSettingError: OBFSPROXY_CRYPTO='fast' is not a crypto route setting"), module
