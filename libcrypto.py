@@ -401,3 +401,63 @@ def make_siphash_stream(bindings):
 def _failed_quietly(bindings):
     if bindings.ERR_clear_error:
         bindings.ERR_clear_error()
+
+
+# --------------------------------------------------------------------------------------
+# Modular exponentiation (obfs3's UniformDH, 1536-bit)
+# --------------------------------------------------------------------------------------
+
+def make_modexp(bindings):
+    """modexp(base, exponent, modulus) -> int with BN_mod_exp_mont_consttime (the
+    exponent is a secret key: constant time), or None. The modulus must be odd (a
+    prime), and base is reduced first; every BIGNUM is cleared and freed."""
+    lib = bindings.lib
+    names = [("BN_CTX_new", _c_void_p), ("BN_CTX_free", None), ("BN_new", _c_void_p),
+             ("BN_clear_free", None), ("BN_bin2bn", _c_void_p), ("BN_bn2binpad", _c_int),
+             ("BN_mod_exp_mont_consttime", _c_int)]
+    functions = {}
+    for name, restype in names:
+        function = getattr(lib, name, None)
+        if function is None:
+            return None
+        function.restype = restype
+        functions[name] = function
+    functions["BN_CTX_free"].argtypes = functions["BN_clear_free"].argtypes = (_c_void_p,)
+    functions["BN_bin2bn"].argtypes = (_c_char_p, _c_int, _c_void_p)
+    functions["BN_bn2binpad"].argtypes = (_c_void_p, _c_char_p, _c_int)
+    functions["BN_mod_exp_mont_consttime"].argtypes = (_c_void_p,) * 6
+    ctx_new, ctx_free, bn_new, bn_free = (functions[name] for name in
+                                          ("BN_CTX_new", "BN_CTX_free", "BN_new", "BN_clear_free"))
+    from_bytes, to_bytes, power = functions["BN_bin2bn"], functions["BN_bn2binpad"], \
+        functions["BN_mod_exp_mont_consttime"]
+    clear = bindings.ERR_clear_error or (lambda: None)
+
+    def modexp(base, exponent, modulus):
+        """base^exponent mod modulus through libcrypto (modulus odd, exponent >= 0)."""
+        if modulus <= 1 or not modulus & 1 or exponent < 0:
+            raise ValueError("libcrypto's modexp takes an odd modulus > 1 and an exponent >= 0")
+        size = (modulus.bit_length() + 7) // 8
+        values = [(base % modulus).to_bytes(size, "big"),
+                  exponent.to_bytes((exponent.bit_length() + 7) // 8 or 1, "big"),
+                  modulus.to_bytes(size, "big")]
+        ctx, made = ctx_new(), []
+        try:
+            for value in values:
+                made.append(from_bytes(value, len(value), None))
+            result = bn_new()
+            made.append(result)
+            if not (ctx and all(made)) or power(result, made[0], made[1], made[2], ctx, None) != 1:
+                clear()
+                raise ValueError("BN_mod_exp_mont_consttime failed")
+            out = ctypes.create_string_buffer(size)
+            if to_bytes(result, out, size) != size:
+                clear()
+                raise ValueError("BN_bn2binpad failed")
+            return int.from_bytes(out.raw, "big")
+        finally:
+            for number in made:
+                if number:
+                    bn_free(number)
+            if ctx:
+                ctx_free(ctx)
+    return modexp

@@ -467,3 +467,22 @@ def test_a_bad_crypto_mode_stops_every_route_module():
         assert result.returncode == 1, module
         assert result.stderr.strip().splitlines()[-1].startswith(
             "accel.CryptoSettingError: OBFSPROXY_CRYPTO='fast' is not a crypto route setting"), module
+
+
+# --- modular exponentiation through libcrypto (obfs3, Elligator2) ------------------------
+
+def test_libcrypto_modexp_gives_the_uniformdh_answers_and_pow_on_edges():
+    need(accel.lib_modexp is not None, "libcrypto's BN_mod_exp_mont_consttime")
+    import obfs3
+    modexp = accel.lib_modexp
+    assert modexp(obfs3.G, obfs3.KAT_Y, obfs3.P) == obfs3.KAT_Y_PUBLIC
+    assert modexp(obfs3.KAT_X_PUBLIC, obfs3.KAT_Y, obfs3.P) == obfs3.KAT_SHARED_SECRET
+    exponent = 2 ** 1535 + 12345678
+    for base in (0, 1, 2, obfs3.P - 1, obfs3.P, obfs3.P + 1, 2 ** 1536 - 1):
+        assert modexp(base, exponent, obfs3.P) == pow(base, exponent, obfs3.P)
+    assert modexp(5, 0, obfs3.P) == 1
+    assert int(accel.LibcryptoInteger(7).inplace_pow(3, 11)) == 7 ** 3 % 11
+    with pytest.raises(ValueError):
+        modexp(2, 3, 10)                    # Montgomery needs an odd modulus
+    assert accel._modexp_proven(modexp)
+    assert not accel._modexp_proven(lambda base, exponent, modulus: pow(base, exponent, modulus) ^ 1)
