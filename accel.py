@@ -239,6 +239,7 @@ lib_x25519 = _from_libcrypto("make_x25519")
 lib_poly1305 = _from_libcrypto("make_poly1305")
 LibSipHashStream = _from_libcrypto("make_siphash_stream")
 lib_modexp = _from_libcrypto("make_modexp")
+LibAesEcb = _from_libcrypto("make_aes_ecb")
 
 
 def _modexp_proven(modexp):
@@ -353,13 +354,16 @@ def aes_ctr_routes():
     return routes, (["AES-CTR"] if AES_CTR_ROUTE == "pure Python" else [])
 
 
+AES_MODES = (1, 6, 11)          # pycryptodome's MODE_ECB, MODE_CTR, MODE_GCM
+
+
 class _AES:
     """``AES.new`` as obfs2, obfs3 and the tests call pycryptodome's: CTR mode over a
     whole 16-byte counter block (``nonce=b""``, ``initial_value`` bytes or int) runs
-    on the route chosen above; any other mode (ECB, GCM: the tests, the demo) goes to
-    pycryptodome, and needs it."""
+    on the route chosen above; any other mode (ECB, GCM: the tests' references) goes
+    to pycryptodome where it is used, else ECB to libcrypto (GCM: tlscrypto.AES)."""
 
-    MODE_ECB, MODE_CTR, MODE_GCM = 1, 6, 11     # pycryptodome's values
+    MODE_ECB, MODE_CTR, MODE_GCM = AES_MODES
 
     @staticmethod
     def new(key, mode, *args, **kwargs):
@@ -369,10 +373,12 @@ class _AES:
             if isinstance(counter, int):
                 counter = counter.to_bytes(16, "big")
             return aes_ctr(bytes(key), bytes(counter))
-        if _PycryptodomeAES is None:
-            raise ValueError("AES mode %r (other than CTR over a whole counter block) needs "
-                             "pycryptodome: %s" % (mode, PYCRYPTODOME_UNAVAILABLE))
-        return _PycryptodomeAES.new(key, mode, *args, **kwargs)
+        if _PycryptodomeAES is not None:
+            return _PycryptodomeAES.new(key, mode, *args, **kwargs)
+        if mode == _AES.MODE_ECB and not args and not kwargs and LibAesEcb:
+            return LibAesEcb(key)
+        raise ValueError("AES mode %r with %s needs pycryptodome: %s"
+                         % (mode, sorted(kwargs), PYCRYPTODOME_UNAVAILABLE))
 
 
 if MODE:

@@ -461,3 +461,55 @@ def make_modexp(bindings):
             if ctx:
                 ctx_free(ctx)
     return modexp
+
+
+# --------------------------------------------------------------------------------------
+# AES-ECB (the tests' reference block cipher, and stress.py's)
+# --------------------------------------------------------------------------------------
+
+def make_aes_ecb(bindings):
+    """The ``AesEcb`` class (whole 16-byte blocks, no padding), or None."""
+    b, lib = bindings, bindings.lib
+    ciphers = {}
+    for bits in (128, 192, 256):
+        get = _bind(lib, "EVP_aes_%d_ecb" % bits, _c_void_p)
+        ciphers[bits // 8] = get() if get else None
+    init = _bind(lib, "EVP_CipherInit_ex", _c_int, _c_void_p, _c_void_p, _c_void_p, _c_char_p, _c_char_p,
+                 _c_int)
+    update = _bind(lib, "EVP_CipherUpdate", _c_int, _c_void_p, _c_void_p, ctypes.POINTER(_c_int), _c_char_p,
+                   _c_int)
+    padding = _bind(lib, "EVP_CIPHER_CTX_set_padding", _c_int, _c_void_p, _c_int)
+    if not (init and update and padding and b.EVP_CIPHER_CTX_new and ciphers.get(16)):
+        return None
+
+    class AesEcb:
+        """AES on whole blocks: ``encrypt`` and ``decrypt`` (FIPS-197's cipher and its
+        inverse), a context per call, freed before it returns."""
+
+        def __init__(self, key):
+            if ciphers.get(len(key)) is None:
+                raise ValueError("AES takes a 16, 24 or 32-byte key")
+            self._key = bytes(key)
+
+        def _run(self, data, encrypt):
+            data = bytes(data)
+            if len(data) % 16:
+                raise ValueError("AES-ECB takes whole 16-byte blocks")
+            ctx = b.EVP_CIPHER_CTX_new()
+            try:
+                out, length = ctypes.create_string_buffer(len(data) + 16), _c_int(0)
+                if not ctx or init(ctx, ciphers[len(self._key)], None, self._key, None, encrypt) != 1 or \
+                        padding(ctx, 0) != 1 or update(ctx, out, ctypes.byref(length), data, len(data)) != 1:
+                    _failed(b, "AES-ECB failed")
+                return out.raw[:length.value]
+            finally:
+                if ctx:
+                    b.EVP_CIPHER_CTX_free(ctx)
+
+        def encrypt(self, data):
+            return self._run(data, 1)
+
+        def decrypt(self, data):
+            return self._run(data, 0)
+
+    return AesEcb

@@ -139,13 +139,16 @@ class _Aead:
 
 
 class _AESModule:
-    MODE_GCM = 11
+    """AES-GCM here; the other modes (CTR, ECB) as accel.AES runs them."""
+    MODE_ECB, MODE_CTR, MODE_GCM = accel.AES_MODES
 
     @staticmethod
-    def new(key, mode, nonce):
-        if mode != _AESModule.MODE_GCM or len(key) not in (16, 32):
-            raise ValueError("only AES-128/256-GCM is here without pycryptodome")
-        return _Aead("EVP_aes_%d_gcm" % (8 * len(key)), key, nonce)
+    def new(key, mode, *args, **kwargs):
+        if mode != _AESModule.MODE_GCM:
+            return accel.AES.new(key, mode, *args, **kwargs)
+        if len(key) not in (16, 32) or args or set(kwargs) != {"nonce"}:
+            raise ValueError("only AES-128/256-GCM with a nonce is here without pycryptodome")
+        return _Aead("EVP_aes_%d_gcm" % (8 * len(key)), key, kwargs["nonce"])
 
 
 class _ChaCha20Poly1305Module:

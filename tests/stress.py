@@ -67,7 +67,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional
 
-from Crypto.Cipher import AES
+from accel import AES
 
 MAX_WRITE = 256 * 1024          # the largest write; writes are 1 B .. MAX_WRITE, log-uniform
 READ = 256 * 1024               # bytes asked per recv() by a reader that is not slow

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import pytest
-from Crypto.Cipher import AES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from peers import Obfs4proxy
@@ -52,6 +51,7 @@ import capture
 import obfs2
 import pcap
 import tlswire
+from accel import AES
 from curve25519 import elligator2_direct, x25519
 
 CLIENT_HELLO = (b"\x16\x03\x01\x00\xc8\x01\x00\x00\xc4\x03\x03" + bytes(range(32))

@@ -22,7 +22,6 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from Crypto.Cipher import AES, ChaCha20_Poly1305
 from support import PROGRAM, ROOT, load_vectors
 
 import capture
@@ -34,6 +33,7 @@ import tlswire
 from curve25519 import elligator2_direct
 from obfs4_crypto import secretbox_open
 from obfs4_drbg import HashDrbg, WeightedDist
+from tlscrypto import AES, ChaCha20_Poly1305
 
 P = int(
     "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"

@@ -18,11 +18,11 @@ import re
 import struct
 
 import pytest
-from Crypto.Cipher import AES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import obfs2
+from accel import AES
 
 # --- The reference, written from the spec -------------------------------------
 

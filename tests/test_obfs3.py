@@ -18,12 +18,12 @@ import hmac
 import random
 
 import pytest
-from Crypto.Cipher import AES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import load_vectors
 
 import obfs3
+from accel import AES
 
 VECTORS = load_vectors("obfs3.json")
 KAT = VECTORS["uniformdh_kat"]

@@ -46,7 +46,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from Crypto.Cipher import AES
 from procwatch import (
     close_wait,
     cpu_seconds,
@@ -78,6 +77,7 @@ import listener
 import obfs2
 import outbound
 import proxy
+from accel import AES
 
 needs_signals = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 

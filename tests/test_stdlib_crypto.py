@@ -136,7 +136,7 @@ def test_the_aes_shim_runs_ctr_on_the_chosen_route():
     assert by_int.encrypt(bytes(16)) == pure_aes.encrypt_block(pure_aes.expand_key(key), five)
     if accel._PycryptodomeAES is None:
         with pytest.raises(ValueError, match="needs pycryptodome"):
-            accel.AES.new(key, accel.AES.MODE_ECB)
+            accel.AES.new(key, accel.AES.MODE_GCM, nonce=bytes(12))
 
 
 def test_a_wrong_aes_ctr_route_is_passed_over(monkeypatch):
@@ -391,8 +391,8 @@ def test_tlscrypto_opens_what_pycryptodome_seals(suite):
     nonce, aad, message = os.urandom(12), os.urandom(5), os.urandom(300)
     if suite.startswith("AES"):
         AES = _pycryptodome_module("Cipher.AES")
-        sealer, opener = AES.new(key, AES.MODE_GCM, nonce=nonce), tlscrypto._AESModule.new(key, 11, nonce)
-        forged = tlscrypto._AESModule.new(key, 11, nonce)
+        sealer = AES.new(key, AES.MODE_GCM, nonce=nonce)
+        opener, forged = (tlscrypto._AESModule.new(key, 11, nonce=nonce) for _ in range(2))
     else:
         sealer = _pycryptodome_module("Cipher.ChaCha20_Poly1305").new(key=key, nonce=nonce)
         opener = tlscrypto._ChaCha20Poly1305Module.new(key=key, nonce=nonce)
@@ -486,3 +486,18 @@ def test_libcrypto_modexp_gives_the_uniformdh_answers_and_pow_on_edges():
         modexp(2, 3, 10)                    # Montgomery needs an odd modulus
     assert accel._modexp_proven(modexp)
     assert not accel._modexp_proven(lambda base, exponent, modulus: pow(base, exponent, modulus) ^ 1)
+
+
+def test_the_aes_shim_runs_ecb_without_pycryptodome(monkeypatch):
+    """The tests' reference block cipher (and stress.py's), with OBFSPROXY_CRYPTO=stdlib:
+    libcrypto's AES-ECB, both ways, on FIPS-197."""
+    need(accel.LibAesEcb is not None, "libcrypto's AES-ECB")
+    monkeypatch.setattr(accel, "_PycryptodomeAES", None)
+    for key, ciphertext in FIPS_197:
+        ecb = accel.AES.new(h(key), accel.AES.MODE_ECB)
+        assert ecb.encrypt(FIPS_197_PLAINTEXT * 2) == h(ciphertext) * 2
+        assert ecb.decrypt(h(ciphertext)) == FIPS_197_PLAINTEXT
+    with pytest.raises(ValueError, match="whole 16-byte blocks"):
+        accel.AES.new(bytes(16), accel.AES.MODE_ECB).encrypt(bytes(15))
+    with pytest.raises(ValueError, match="needs pycryptodome"):
+        accel.AES.new(bytes(16), accel.AES.MODE_GCM, nonce=bytes(12))
