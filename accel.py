@@ -6,7 +6,8 @@ from pip, or ``Cryptodome`` from Debian's python3-pycryptodome: the same code); 
 libcrypto, the one Python's own ``ssl`` runs, through ``ctypes`` (libcrypto.py); and
 pure Python (pure_aes.py, pure_salsa20.py and the pure functions of each module). Where
 a libcrypto route measured faster than pycryptodome's (AES-CTR: its set-up and its bulk;
-Poly1305; a streaming SipHash), it comes first. A candidate is used only if it gives
+Poly1305; X25519; modular powers; a streaming SipHash, which nothing else offers), it
+comes first, whatever is installed. A candidate is used only if it gives
 every known answer (copied from ``shared/vectors``; the tests check the copies) when its
 module is imported; one that is missing, raises, or answers wrongly is skipped for the
 next. The last candidate, the pure-Python function, is the fallback (the tests prove it
