@@ -418,11 +418,12 @@ class _PortableSecretBox(SecretBox):
       to ``BATCH_BLOCKS`` blocks at a time: past that the integers outgrow the CPU's
       cache and each block costs more again);
     * ``open_view`` knows the next frames' nonces before they arrive (the counter goes
-      up by one a frame), so while frames come full-sized it computes the keystreams of
-      the next ones with this one, up to ``READ_AHEAD`` frames (the run doubles on each
-      large frame, and falls back to one frame at the first small one, so interactive
-      traffic computes nothing it does not use). The streams kept are the keystream of
-      frames still to come: they are as secret as the key beside them, and go with it."""
+      up by one a frame), so while frames come full-sized and in turn it computes the
+      keystreams of the next ones with this one, up to ``READ_AHEAD`` frames (the run
+      doubles on each large frame, and falls back to one frame at the first small one
+      or one out of turn, so interactive traffic computes nothing it does not use).
+      The streams kept are the keystream of frames still to come: they are as secret
+      as the key beside them, and go with it."""
 
     BATCH_BLOCKS = 512
     READ_AHEAD = 16
@@ -432,6 +433,7 @@ class _PortableSecretBox(SecretBox):
         SecretBox.__init__(self, key32, nonce_prefix16)
         self._subkey = hsalsa20(self._key, self.nonce_prefix)
         self._ahead, self._run = {}, 1        # counter -> 32 + length keystream bytes
+        self._next = None                     # the counter that follows the last opened
 
     def open_view(self, counter, box):
         if _salsa20_xor is not pure_salsa20.salsa20_xor:
@@ -449,10 +451,12 @@ class _PortableSecretBox(SecretBox):
         """At least ``length`` keystream bytes of frame ``counter``: read ahead before,
         or computed now with those of the next frames (see the class docstring)."""
         stream = self._ahead.pop(counter, None)
+        sequential, self._next = counter == self._next, counter + 1
         if stream is not None and len(stream) >= length:
             return stream
         _be64(counter)
-        self._run = min(2 * self._run, self.READ_AHEAD) if length >= 32 + self.LARGE else 1
+        large = length >= 32 + self.LARGE
+        self._run = min(2 * self._run, self.READ_AHEAD) if large and sequential else 1
         counters = range(counter, min(counter + self._run, 1 << 64))
         streams = pure_salsa20.keystreams(self._subkey, [(n.to_bytes(8, "big"), length) for n in counters])
         self._ahead = dict(zip(counters[1:], streams[1:]))
