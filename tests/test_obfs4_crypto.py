@@ -685,7 +685,9 @@ def test_the_fast_routes_run_wherever_their_library_is():
         assert c.SALSA20_ROUTE == "pycryptodome Salsa20"
     if accel.PYCRYPTODOME == "Crypto":     # pip's (Debian 12's 3.11 fails the seek answer)
         assert c.HSALSA20_ROUTE == "pycryptodome Salsa20 seek"
-    if accel.Integer is not None:
+    if accel.lib_modexp is not None:
+        assert curve.ELLIGATOR2_ROUTE == "libcrypto BN_mod_exp_mont_consttime"
+    elif accel.Integer is not None:
         assert curve.ELLIGATOR2_ROUTE.startswith("pycryptodome Integer")
 
 
