@@ -501,3 +501,15 @@ def test_the_aes_shim_runs_ecb_without_pycryptodome(monkeypatch):
         accel.AES.new(bytes(16), accel.AES.MODE_ECB).encrypt(bytes(15))
     with pytest.raises(ValueError, match="needs pycryptodome"):
         accel.AES.new(bytes(16), accel.AES.MODE_GCM, nonce=bytes(12))
+
+
+def test_a_wrong_libcrypto_poly1305_or_x25519_is_passed_over(monkeypatch):
+    import curve25519
+    monkeypatch.setattr(c, "_lib_poly1305", lambda key, data: bytes(16))
+    function, name, passed_over = c._poly1305_route()
+    assert passed_over == ["libcrypto EVP_Q_mac"] and name in ("pycryptodome Poly1305_MAC", "pure Python")
+    monkeypatch.setattr(curve25519, "_nacl", None)
+    monkeypatch.setattr(curve25519, "_lib_x25519", lambda scalar, u: curve25519._x25519_pure(scalar, u[::-1]))
+    function, name, passed_over = curve25519._x25519_route()
+    assert passed_over == ["libcrypto EVP_PKEY_derive"]
+    assert name in ("pycryptodome Crypto.Protocol.DH", "pure Python")
