@@ -145,7 +145,8 @@ from collections import namedtuple
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
-from accel import AES, Integer, aes_ctr_routes  # Integer: None without pycryptodome (then pow())
+from accel import AES, aes_ctr_routes
+from accel import ModexpInteger as Integer  # libcrypto's or pycryptodome's; None: pow() does it
 
 # RFC 3526 group 5, the 1536-bit MODP group; generator 2.
 P = int(
@@ -235,7 +236,7 @@ def choose_modexp(candidate):
     except Exception:       # a broken or missing library: any failure means "do not use it"
         ok = False
     if ok:
-        return candidate, "pycryptodome Integer (%s)" % Integer.__name__
+        return candidate, getattr(Integer, "ROUTE", "pycryptodome Integer (%s)" % Integer.__name__)
     return modexp_python, "Python pow()"
 
 

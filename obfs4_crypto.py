@@ -1,7 +1,7 @@
 r"""obfs4_crypto.py: obfs4's frame cipher, NaCl's secretbox, and HKDF, each proven by
 known answers; and the report of every obfs4 crypto route.
 
-obfs4 (see ``obfs4.py``) needs, beyond AES/SHA-2/HMAC/Salsa20 from pycryptodome:
+obfs4 (see ``obfs4.py``) needs, beyond SHA-2/HMAC from ``hashlib``:
 
 * NaCl ``secretbox`` (XSalsa20-Poly1305) for every frame, which needs HSalsa20 and a
   Poly1305 that takes a raw one-time key: here;
@@ -11,8 +11,10 @@ obfs4 (see ``obfs4.py``) needs, beyond AES/SHA-2/HMAC/Salsa20 from pycryptodome:
   keys on the wire look like uniformly random bytes: curve25519.py.
 
 When PyNaCl (libsodium) is installed, secretbox, X25519 and the Edwards work of key
-generation run there instead, each only after it gives the known answers at import
-(accel.py); without it everything still runs, only slower.
+generation run there instead; pycryptodome (``Crypto`` or ``Cryptodome``) and OpenSSL's
+libcrypto through ``ctypes`` serve other pieces; each only after it gives the known
+answers at import (accel.py). With none of them (``python3 -I -S``, or
+``OBFSPROXY_CRYPTO=stdlib``) everything still runs in pure Python, only slower.
 
 secretbox gives each frame confidentiality and integrity, **provided a nonce is never
 used twice with one key**: obfs4 builds the nonce from a per-direction prefix and a
@@ -60,27 +62,35 @@ Routes (accel.py says how each is chosen)
 piece          candidates, fastest first                   used for
 =============  ==========================================  ====================================
 secretbox      PyNaCl ``crypto_secretbox``;                every frame, both directions
-               pycryptodome Salsa20 + the Poly1305 route
-Poly1305       pycryptodome ``Poly1305_MAC``; pure Python  the portable secretbox
+               the Salsa20 route + the Poly1305 route
+Poly1305       libcrypto ``EVP_Q_mac`` (ctypes);           the portable secretbox
+               pycryptodome ``Poly1305_MAC``; pure Python
 HSalsa20       pycryptodome Salsa20 ``seek``; pure Python  the portable secretbox (per direction)
-Salsa20        pycryptodome ``Salsa20`` only               the portable secretbox, HSalsa20
+Salsa20        pycryptodome ``Salsa20``; pure Python       the portable secretbox
+               (pure_salsa20.py: not in OpenSSL)
 =============  ==========================================  ====================================
 
-Salsa20 has no fallback: if pycryptodome's Salsa20 fails its known answer, importing
-this module raises ``KnownAnswerError`` (we do not run a cipher that gave a wrong
-answer). ``routes()`` names the route of every piece of obfs4 (this module's, the
+Every piece has a pure-Python fallback, so a wrong answer never stops us: it is passed
+over, and the report says so. ``routes()`` names the route of every piece of obfs4 (this module's, the
 keys' in curve25519.py, the DRBG's in obfs4_drbg.py), ``route_report()`` says the
 same in one line (with why a faster route was passed over), and
 ``pure_python_routes()`` lists the pieces that fell back to pure Python although a C
 route exists (install PyNaCl, or a newer pycryptodome, to fix them).
+``reported_routes()`` is ``routes()`` plus why faster routes were passed over, for the
+start-up NOTICE.
 
 What a frame costs (Python 3.11 on one core of the shared 2-core test machine; the
 figures move by 20-50% with the machine's load): seal or open of 1430 bytes is ~3 µs
 through PyNaCl (one C call for the whole box; libsodium recomputes HSalsa20 from the
 24-byte nonce each time, which costs less than any way round it from Python), against
 ~11-14 µs through pycryptodome (one Salsa20 call over 0^32 | packet gives the Poly1305
-key and the ciphertext, then one Poly1305); HSalsa20 ~8 µs. The frame's length mask
-(obfs4_drbg.py) costs ~6.5 µs more.
+key and the ciphertext, then one Poly1305); HSalsa20 ~8 µs. With nothing installed
+(pure-Python Salsa20, libcrypto's Poly1305) ~100-150 µs, the 23 keystream blocks of a
+frame computed side by side (pure_salsa20.py), and less when the frames of a write are
+sealed together or, reading, the next frames' keystreams are computed ahead
+(``_PortableSecretBox``): an in-memory obfs4 pair then carries ~11 MB/s each way on one
+core, against ~25-34 on pycryptodome. The frame's length mask (obfs4_drbg.py) costs
+~3-6 µs more.
 """
 
 import hashlib
@@ -399,16 +409,58 @@ class _NaClSecretBox(SecretBox):
 
 
 class _PortableSecretBox(SecretBox):
-    """The Salsa20 and Poly1305 routes, with the HSalsa20 subkey cached. On the
-    pure-Python Salsa20, ``seal_packets`` computes the keystream blocks of many frames
-    side by side (up to ``BATCH_BLOCKS`` at a time: past that the integers outgrow the
-    CPU's cache and each block costs more again)."""
+    """The Salsa20 and Poly1305 routes, with the HSalsa20 subkey cached.
 
-    BATCH_BLOCKS = 256
+    On the pure-Python Salsa20 (pure_salsa20.py), whose cost per block falls the more
+    blocks it computes side by side, frames are batched both ways:
+
+    * ``seal_packets`` computes the keystreams of a whole write's frames together (up
+      to ``BATCH_BLOCKS`` blocks at a time: past that the integers outgrow the CPU's
+      cache and each block costs more again);
+    * ``open_view`` knows the next frames' nonces before they arrive (the counter goes
+      up by one a frame), so while frames come full-sized and in turn it computes the
+      keystreams of the next ones with this one, up to ``READ_AHEAD`` frames (the run
+      doubles on each large frame, and falls back to one frame at the first small one
+      or one out of turn, so interactive traffic computes nothing it does not use).
+      The streams kept are the keystream of frames still to come: they are as secret
+      as the key beside them, and go with it."""
+
+    BATCH_BLOCKS = 512
+    READ_AHEAD = 16
+    LARGE = 1024            # a frame at least this long (ciphertext bytes) is bulk traffic
 
     def __init__(self, key32, nonce_prefix16):
         SecretBox.__init__(self, key32, nonce_prefix16)
         self._subkey = hsalsa20(self._key, self.nonce_prefix)
+        self._ahead, self._run = {}, 1        # counter -> 32 + length keystream bytes
+        self._next = None                     # the counter that follows the last opened
+
+    def open_view(self, counter, box):
+        if _salsa20_xor is not pure_salsa20.salsa20_xor:
+            return _open(self._subkey, _be64(counter), box)
+        if len(box) < TAG_LENGTH:
+            raise ValueError("bad tag")
+        box = memoryview(box)
+        ciphertext = box[TAG_LENGTH:]
+        stream = self._keystream(counter, 32 + len(ciphertext))
+        if not hmac.compare_digest(poly1305(stream[:32], ciphertext), box[:TAG_LENGTH]):
+            raise ValueError("bad tag")
+        return memoryview(pure_salsa20.xor(ciphertext, stream[32:32 + len(ciphertext)]))
+
+    def _keystream(self, counter, length):
+        """At least ``length`` keystream bytes of frame ``counter``: read ahead before,
+        or computed now with those of the next frames (see the class docstring)."""
+        stream = self._ahead.pop(counter, None)
+        sequential, self._next = counter == self._next, counter + 1
+        if stream is not None and len(stream) >= length:
+            return stream
+        _be64(counter)
+        large = length >= 32 + self.LARGE
+        self._run = min(2 * self._run, self.READ_AHEAD) if large and sequential else 1
+        counters = range(counter, min(counter + self._run, 1 << 64))
+        streams = pure_salsa20.keystreams(self._subkey, [(n.to_bytes(8, "big"), length) for n in counters])
+        self._ahead = dict(zip(counters[1:], streams[1:]))
+        return streams[0]
 
     def seal(self, counter, packet):
         return _seal(self._subkey, _be64(counter), packet)
@@ -432,9 +484,6 @@ class _PortableSecretBox(SecretBox):
             ciphertext = memoryview(out)[32:]
             boxes.append(poly1305(out[:32], ciphertext) + ciphertext)
         return boxes
-
-    def open_view(self, counter, box):
-        return _open(self._subkey, _be64(counter), box)
 
 
 def _be64(counter):

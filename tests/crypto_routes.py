@@ -33,8 +33,8 @@ def need(present, what):
 def use_route(monkeypatch, name):
     """Patch one family of routes in (until the test ends): "PyNaCl" (secretbox,
     X25519, edwards25519), "pycryptodome" (those three and Poly1305, HSalsa20,
-    Salsa20, Elligator2's field power), "libcrypto" (Poly1305 and X25519 through
-    ctypes, the rest pure Python: what OBFSPROXY_CRYPTO=stdlib runs), "pure Python"
+    Salsa20, Elligator2's field power), "libcrypto" (Poly1305, X25519 and the field
+    power through ctypes, the rest pure Python: what OBFSPROXY_CRYPTO=stdlib runs), "pure Python"
     (the pure functions), "chosen route" (nothing).
     Code that imported a patched name itself (obfs4's ``x25519``) must be patched by
     its test too."""
@@ -60,9 +60,10 @@ def use_route(monkeypatch, name):
                  (c, "_salsa20_xor", pure_salsa20.salsa20_xor)]
     elif name == "libcrypto":
         need(accel.lib_poly1305 is not None and accel.lib_x25519 is not None, "libcrypto (OpenSSL 3)")
+        need(accel.lib_modexp is not None, "libcrypto's BN_mod_exp_mont_consttime")
         patch = [(c, "_SecretBoxRoute", c._PortableSecretBox), (c, "poly1305", accel.lib_poly1305),
                  (c, "hsalsa20", c._hsalsa20_pure), (curve, "x25519", accel.lib_x25519),
-                 (curve, "_dirty_u", curve._dirty_u_pure), (curve, "_field_pow", curve._field_pow_pure),
+                 (curve, "_dirty_u", curve._dirty_u_pure), (curve, "_field_pow", curve._field_pow_libcrypto),
                  (c, "_salsa20_xor", pure_salsa20.salsa20_xor)]
     else:
         assert name == "chosen route"

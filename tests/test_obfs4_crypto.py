@@ -611,7 +611,8 @@ PORTABLE_ROUTES = {"secretbox": tuple("Salsa20 (%s) + Poly1305 (%s)" % (salsa, p
                    "edwards25519": ("pycryptodome EccPoint", "pure Python"),
                    "Poly1305": ("libcrypto EVP_Q_mac", "pycryptodome Poly1305_MAC", "pure Python"),
                    "HSalsa20": ("pycryptodome Salsa20 seek", "pure Python"),
-                   "Elligator2": ("pycryptodome Integer (%s)" % getattr(accel.Integer, "__name__", "-"),
+                   "Elligator2": ("libcrypto BN_mod_exp_mont_consttime",
+                                  "pycryptodome Integer (%s)" % getattr(accel.Integer, "__name__", "-"),
                                   "pure Python"),
                    "Salsa20": ("pycryptodome Salsa20", "pure Python"),
                    "hash DRBG": ("libcrypto EVP_MAC SipHash", "pure Python")}
@@ -678,7 +679,9 @@ def test_the_fast_routes_run_wherever_their_library_is():
         assert c.SALSA20_ROUTE == "pycryptodome Salsa20"
     if accel.PYCRYPTODOME == "Crypto":     # pip's (Debian 12's 3.11 fails the seek answer)
         assert c.HSALSA20_ROUTE == "pycryptodome Salsa20 seek"
-    if accel.Integer is not None:
+    if accel.lib_modexp is not None:
+        assert curve.ELLIGATOR2_ROUTE == "libcrypto BN_mod_exp_mont_consttime"
+    elif accel.Integer is not None:
         assert curve.ELLIGATOR2_ROUTE.startswith("pycryptodome Integer")
 
 
@@ -711,11 +714,15 @@ def fake_nacl(monkeypatch):
 
 def test_a_wrong_field_power_is_not_chosen(monkeypatch):
     """Proven through the whole inverse map: a power that is right only for squares fails."""
-    assert curve._elligator2_route()[0] in (curve._field_pow_pycryptodome, curve._field_pow_pure)
-    monkeypatch.setattr(curve, "_field_pow_pycryptodome", lambda x, e: pow(x, e - 1, curve.P))
+    assert curve._elligator2_route()[0] in (curve._field_pow_libcrypto, curve._field_pow_pycryptodome,
+                                            curve._field_pow_pure)
+    wrong = lambda x, e: pow(x, e - 1, curve.P)
+    monkeypatch.setattr(curve, "_field_pow_pycryptodome", wrong)
+    monkeypatch.setattr(curve, "_field_pow_libcrypto", wrong)
     monkeypatch.setattr(curve, "_Integer", accel.Integer or object)
+    monkeypatch.setattr(accel, "lib_modexp", accel.lib_modexp or object())
     power, name, passed_over = curve._elligator2_route()
-    assert power is curve._field_pow_pure and name == "pure Python" and len(passed_over) == 1
+    assert power is curve._field_pow_pure and name == "pure Python" and len(passed_over) == 2
 
 
 def test_a_wrong_pynacl_x25519_or_edwards_route_is_not_chosen(monkeypatch, fake_nacl):

@@ -136,7 +136,7 @@ def test_the_aes_shim_runs_ctr_on_the_chosen_route():
     assert by_int.encrypt(bytes(16)) == pure_aes.encrypt_block(pure_aes.expand_key(key), five)
     if accel._PycryptodomeAES is None:
         with pytest.raises(ValueError, match="needs pycryptodome"):
-            accel.AES.new(key, accel.AES.MODE_ECB)
+            accel.AES.new(key, accel.AES.MODE_GCM, nonce=bytes(12))
 
 
 def test_a_wrong_aes_ctr_route_is_passed_over(monkeypatch):
@@ -202,6 +202,31 @@ def test_the_batched_seal_equals_one_frame_at_a_time(monkeypatch):
     assert [box.open(2 ** 64 - 7 + i, b) for i, b in enumerate(sealed)] == packets
     with pytest.raises(ValueError, match="64 bits"):
         box.seal_packets(2 ** 64 - 6, packets)
+
+
+def test_reading_ahead_opens_every_frame_as_sealed(monkeypatch):
+    """Full-sized frames make open_view compute the next frames' keystreams ahead; a
+    small frame, a longer one than was read ahead, a forged one and a counter out of
+    turn must all still open (or fail) exactly as the frame alone would."""
+    monkeypatch.setattr(c, "_salsa20_xor", pure_salsa20.salsa20_xor)
+    key, prefix = os.urandom(32), os.urandom(16)
+    sender, receiver = c._PortableSecretBox(key, prefix), c._PortableSecretBox(key, prefix)
+    sizes = [1430] * 20 + [10, 1100, 1430, 1430, 1430, 1430, 0, 1430, 1430]
+    packets = [os.urandom(size) for size in sizes]
+    boxes = sender.seal_packets(1, packets)
+    for counter, (box, packet) in enumerate(zip(boxes, packets), 1):
+        if counter == 24:           # the next frames were read ahead for 1100 bytes each
+            assert receiver._ahead
+            forged = bytes([box[0] ^ 1]) + box[1:]
+            with pytest.raises(ValueError, match="bad tag"):
+                receiver.open_view(counter, forged)
+        assert bytes(receiver.open_view(counter, box)) == packet
+    assert bytes(receiver.open_view(5, boxes[4])) == packets[4]      # out of turn
+    longer = sender.seal(40, os.urandom(1430))
+    receiver._ahead = {40: bytes(100)}                               # too short: recomputed
+    assert len(receiver.open(40, longer)) == 1430
+    with pytest.raises(ValueError, match="bad tag"):
+        receiver.open_view(7, boxes[7])                              # sealed under counter 8
 
 
 # --- Poly1305, X25519 through libcrypto -------------------------------------------------
@@ -343,3 +368,89 @@ def test_python_alone_imports_the_transports(tmp_path):
     assert "PyNaCl" not in report.split("PyNaCl not used")[0] and "pycryptodome Salsa20" not in report
     assert "Salsa20: pure Python" in report
     assert aes in ("libcrypto EVP_EncryptUpdate", "pure Python")
+
+# --- the families and the setting (accel.py) ---------------------------------------------
+
+def test_pycryptodome_is_found_under_either_namespace(monkeypatch):
+    assert accel.import_pycryptodome(False, "stdlib") == (None, "OBFSPROXY_CRYPTO=stdlib")
+    assert accel.import_pycryptodome(True, namespaces=("NoSuchNamespace",))[0] is None
+    found = [name for name in ("Crypto", "Cryptodome")
+             if accel.import_pycryptodome(True, namespaces=(name,))[0]]
+    need(found, "pycryptodome")
+    for name in found:      # pip's Crypto first; where it is absent, Debian's Cryptodome
+        assert accel.import_pycryptodome(True, namespaces=("NoSuchNamespace", name)) == (name, None)
+    for name in [name for name in sys.modules if name.split(".")[0] == "Crypto"] + ["Crypto"]:
+        monkeypatch.setitem(sys.modules, name, None)            # "import Crypto..." -> ImportError
+    assert accel.import_pycryptodome(True)[0] == ("Cryptodome" if "Cryptodome" in found else None)
+
+
+@pytest.mark.parametrize("value, mode", [("", "auto"), (" AUTO ", "auto"), ("portable", "portable"),
+                                         ("Stdlib", "stdlib")])
+def test_crypto_mode_values(value, mode):
+    assert accel.crypto_mode({accel.CRYPTO_ENV: value}) == mode
+    assert accel.crypto_mode({}) == "auto"
+
+
+def test_a_bad_crypto_mode_is_one_line_naming_the_values():
+    with pytest.raises(accel.CryptoSettingError) as caught:
+        accel.crypto_mode({accel.CRYPTO_ENV: "fast"})
+    text = str(caught.value)
+    assert "\n" not in text and "OBFSPROXY_CRYPTO='fast'" in text
+    assert all("'%s'" % mode in text for mode in accel.MODES)
+    assert isinstance(caught.value, accel.KnownAnswerError)      # obfsproxy.py's one-line path
+
+
+def test_a_bad_crypto_mode_stops_every_route_module():
+    for module in ("obfs2", "obfs3", "obfs4_drbg", "curve25519", "obfs4_crypto"):
+        result = subprocess.run([sys.executable, "-c", "import %s" % module], cwd=str(ROOT),
+                                capture_output=True, text=True, timeout=60,
+                                env=dict(os.environ, OBFSPROXY_CRYPTO="fast"))
+        assert result.returncode == 1, module
+        assert result.stderr.strip().splitlines()[-1].startswith(
+            "accel.CryptoSettingError: OBFSPROXY_CRYPTO='fast' is not a crypto route setting"), module
+
+
+# --- modular exponentiation through libcrypto (obfs3, Elligator2) ------------------------
+
+def test_libcrypto_modexp_gives_the_uniformdh_answers_and_pow_on_edges():
+    need(accel.lib_modexp is not None, "libcrypto's BN_mod_exp_mont_consttime")
+    import obfs3
+    modexp = accel.lib_modexp
+    assert modexp(obfs3.G, obfs3.KAT_Y, obfs3.P) == obfs3.KAT_Y_PUBLIC
+    assert modexp(obfs3.KAT_X_PUBLIC, obfs3.KAT_Y, obfs3.P) == obfs3.KAT_SHARED_SECRET
+    exponent = 2 ** 1535 + 12345678
+    for base in (0, 1, 2, obfs3.P - 1, obfs3.P, obfs3.P + 1, 2 ** 1536 - 1):
+        assert modexp(base, exponent, obfs3.P) == pow(base, exponent, obfs3.P)
+    assert modexp(5, 0, obfs3.P) == 1
+    assert int(accel.LibcryptoInteger(7).inplace_pow(3, 11)) == 7 ** 3 % 11
+    with pytest.raises(ValueError):
+        modexp(2, 3, 10)                    # Montgomery needs an odd modulus
+    assert accel._modexp_proven(modexp)
+    assert not accel._modexp_proven(lambda base, exponent, modulus: pow(base, exponent, modulus) ^ 1)
+
+
+def test_the_aes_shim_runs_ecb_without_pycryptodome(monkeypatch):
+    """The tests' reference block cipher (and stress.py's), with OBFSPROXY_CRYPTO=stdlib:
+    libcrypto's AES-ECB, both ways, on FIPS-197."""
+    need(accel.LibAesEcb is not None, "libcrypto's AES-ECB")
+    monkeypatch.setattr(accel, "_PycryptodomeAES", None)
+    for key, ciphertext in FIPS_197:
+        ecb = accel.AES.new(h(key), accel.AES.MODE_ECB)
+        assert ecb.encrypt(FIPS_197_PLAINTEXT * 2) == h(ciphertext) * 2
+        assert ecb.decrypt(h(ciphertext)) == FIPS_197_PLAINTEXT
+    with pytest.raises(ValueError, match="whole 16-byte blocks"):
+        accel.AES.new(bytes(16), accel.AES.MODE_ECB).encrypt(bytes(15))
+    with pytest.raises(ValueError, match="needs pycryptodome"):
+        accel.AES.new(bytes(16), accel.AES.MODE_GCM, nonce=bytes(12))
+
+
+def test_a_wrong_libcrypto_poly1305_or_x25519_is_passed_over(monkeypatch):
+    import curve25519
+    monkeypatch.setattr(c, "_lib_poly1305", lambda key, data: bytes(16))
+    function, name, passed_over = c._poly1305_route()
+    assert passed_over == ["libcrypto EVP_Q_mac"] and name in ("pycryptodome Poly1305_MAC", "pure Python")
+    monkeypatch.setattr(curve25519, "_nacl", None)
+    monkeypatch.setattr(curve25519, "_lib_x25519", lambda scalar, u: curve25519._x25519_pure(scalar, u[::-1]))
+    function, name, passed_over = curve25519._x25519_route()
+    assert passed_over == ["libcrypto EVP_PKEY_derive"]
+    assert name in ("pycryptodome Crypto.Protocol.DH", "pure Python")
