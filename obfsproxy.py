@@ -444,7 +444,7 @@ def run_external(args, mode):
     if mode == "server":
         log.log(proxy.NOTICE, "bridge line for clients: %s", bridge_line(cls, config, name, bound, announce))
     for note in getattr(config, "notes", ()):
-        log.log(proxy.NOTICE, "%s: %s", name, note)
+        log.log(getattr(note, "level", proxy.NOTICE), "%s: %s", name, note)
     listener.install_signal_handlers(server)
     server.serve()
     log.log(proxy.NOTICE, "%s stopped", mode)
