@@ -478,6 +478,9 @@ class Listener:
         elif isinstance(exc, NoThread):
             log.error("%s: %s; closing it", name, exc)
             relay_.abort(conn)
+        elif tunnel.initiator and relay is not None and _reset_by(relay.downstream, exc):
+            self.complain("reset", "%s: the bridge reset the tunnel (the application gets a reset)" % name,
+                          text="bridge reset")   # a cut stream: the operator must hear of it
         elif isinstance(exc, OSError):
             log.info("%s: %s", name, exc.strerror or exc)
         else:  # a bug: keep serving everyone else
@@ -849,3 +852,14 @@ def raise_descriptor_limit(max_connections):
                     "needs about %d, so connections beyond ~%d will fail",
                     soft, max_connections, need, (soft - 64) // 4)
 
+
+def _reset_by(sock, exc):
+    """True if ``exc`` is a reset and it was ``sock``'s peer that reset: the
+    system no longer counts ``sock`` connected."""
+    if not isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+        return False
+    try:
+        sock.getpeername()
+        return False
+    except OSError:
+        return True

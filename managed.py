@@ -483,7 +483,7 @@ def start_servers(server, tor, base, cli_options, state_dir, names, bindaddrs, o
         log.log(NOTICE, "%s server listening on %s -> %s%s", name, format_address(bound),
                 format_address(destination), " (Extended ORPort)" if cookie_file else "")
         for note in getattr(config, "notes", ()):
-            log.log(NOTICE, "%s: %s", name, note)
+            log.log(getattr(note, "level", NOTICE), "%s: %s", name, note)
         # What Tor publishes: the listener, unless the transport names its public
         # address (webtunnel: a synthetic one; clients dial the host of its url=).
         public = getattr(cls, "public_address", None)

@@ -617,7 +617,7 @@ class Obfs4:
     failure_linger = None       # per connection: the server's 30 s + close_delay
     handshake_timeout = None    # per connection: the server's 30 s, whatever --handshake-timeout
                                 # says (probe timing must match obfs4proxy's); a client's is the core's
-    secret_options = ()         # cert= is public: it is in every bridge line
+    secret_options = ("private-key", "drbg-seed")   # a server's; cert= is public (every bridge line)
     uses_state_dir = True       # the server's identity lives in obfs4_state.json
 
     # What to check when a handshake failed, by side and kind (failure_hint).

@@ -14,14 +14,18 @@ The files, in the state directory (created 0700, files 0600, as obfs4proxy does)
     obfs4_bridgeline.txt  the client's Bridge line, with placeholders for the address
 
 Both are rewritten at every start; "public-key" is never trusted on load (B is
-recomputed from b). ``load_or_create_state`` gives the order of the steps.
+recomputed from b). ``load_or_create_state`` gives the order of the steps. A directory
+or file that an operator opened to other users (chmod 755, 644) keeps its mode, and the
+bridge says so at WARNING on every start, as ssh does for a private key.
 """
 
 import base64
 import hashlib
 import json
+import logging
 import os
 import re
+import shlex
 from pathlib import Path
 
 from curve25519 import x25519_base
@@ -34,6 +38,7 @@ CERT_LENGTH = NODE_ID_LENGTH + KEY_LENGTH     # 52 bytes -> 70 base64 characters
 IAT_NONE, IAT_ENABLED, IAT_PARANOID = 0, 1, 2
 STATE_FILE = "obfs4_state.json"
 BRIDGE_FILE = "obfs4_bridgeline.txt"
+POSIX_MODES = os.name == "posix"      # Windows has no group and other bits to check
 
 
 # --- What the bridge line and the state file hold: hex, iat-mode, the cert --------------
@@ -236,7 +241,9 @@ def load_or_create_state(state_dir, options, randbytes=os.urandom):
     3. Write obfs4_bridgeline.txt, then write the state back (public-key verbatim: it is
        ignored on load and recomputed from private-key).
 
-    Files are created 0600, directories 0700. ValueError on anything bad.
+    Files are created 0600, directories 0700; a directory or file that exists keeps its
+    mode, and one open to group or others adds a ``WarningNote`` (``loose_modes``).
+    ValueError on anything bad.
     """
     state_dir = Path(state_dir)
     notes = ()
@@ -270,9 +277,32 @@ def load_or_create_state(state_dir, options, randbytes=os.urandom):
         _write_file(state_dir / BRIDGE_FILE,
                     (BRIDGE_LINE_TEMPLATE % (identity.cert, identity.iat_mode)).encode("ascii"))
         _write_file(path, state_json(state))
+        notes += loose_modes(state_dir)
     except OSError as error:
         raise ValueError("obfs4 state directory %s: %s" % (state_dir, error.strerror or error))
     return identity, notes
+
+
+class WarningNote(str):
+    """A note the core says at WARNING rather than NOTICE (transports.py: config.notes)."""
+    level = logging.WARNING
+
+
+def loose_modes(state_dir):
+    """A ``WarningNote`` for the state directory and each of its two files that group or
+    others may use (any of the mode bits 077), naming it by its role and saying the
+    chmod that closes it; none where the system has no POSIX modes (Windows)."""
+    if not POSIX_MODES:
+        return ()
+    warnings = []
+    for path, role, private in ((state_dir, "the obfs4 state directory", 0o700),
+                                (state_dir / STATE_FILE, "the bridge's private key file", 0o600),
+                                (state_dir / BRIDGE_FILE, "the bridge line file", 0o600)):
+        mode = os.stat(str(path)).st_mode & 0o777
+        if mode & 0o077:
+            warnings.append(WarningNote("%s %s is open to other users (mode %04o): chmod %o %s"
+                                        % (role, path, mode, private, shlex.quote(str(path)))))
+    return tuple(warnings)
 
 
 def _holds(path, identity):

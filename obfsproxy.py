@@ -259,19 +259,27 @@ def transport_class(option, name):
 
 def parse_bridge_line(text):
     """'[Bridge] obfs4 192.0.2.1:443 [FINGERPRINT] k=v ...' ->
-    (transport, (host, port), {k: v})."""
+    (transport, (host, port), {k: v}). An error says which word is wrong by its
+    place in the line, never what it holds: it may be a cert= or a secret url=."""
     if "<IP ADDRESS>" in text or "<IP" in text.split():
         raise UsageError("--bridge: replace the placeholder <IP ADDRESS> with the bridge's address")
     words = text.split()
+    first = 1                            # the place of words[0] in the line as given
     if words and words[0].lower() == "bridge":
-        words = words[1:]
+        words, first = words[1:], 2
     if len(words) < 2:
         raise UsageError("--bridge: expected \"TRANSPORT HOST:PORT [FINGERPRINT] [K=V ...]\"")
     name, where, rest = words[0], words[1], words[2:]
-    transport_class("--bridge", name)    # a name we lack: UsageError, naming the ones we have
-    dest = address("--bridge", where)
+    if name not in transports.TRANSPORTS:
+        raise UsageError("--bridge: word %d is not a transport name (have: %s)"
+                         % (first, ", ".join(transports.TRANSPORTS)))
+    try:
+        dest = outbound.parse_address(where)
+    except ValueError:
+        raise UsageError("--bridge: word %d is not the bridge's HOST:PORT" % (first + 1))
+    place = first + 2
     if rest and re.fullmatch(r"[0-9A-Fa-f]{40}", rest[0]):
-        rest = rest[1:]  # the fingerprint is Tor's business, not ours
+        rest, place = rest[1:], place + 1   # the fingerprint is Tor's business, not ours
     options = {}
     for word in rest:
         key, sep, value = word.partition("=")
@@ -279,8 +287,9 @@ def parse_bridge_line(text):
             raise UsageError("--bridge: <FINGERPRINT> is a placeholder: put the bridge's 40-hex "
                              "fingerprint there, or leave it out (a tunnel without Tor needs none)")
         if not sep or not key:
-            raise UsageError("--bridge: %r is neither a 40-hex fingerprint nor KEY=VALUE" % word)
+            raise UsageError("--bridge: word %d is neither a 40-hex fingerprint nor KEY=VALUE" % place)
         options[key] = value
+        place += 1
     return name, dest, options
 
 
@@ -444,7 +453,7 @@ def run_external(args, mode):
     if mode == "server":
         log.log(proxy.NOTICE, "bridge line for clients: %s", bridge_line(cls, config, name, bound, announce))
     for note in getattr(config, "notes", ()):
-        log.log(proxy.NOTICE, "%s: %s", name, note)
+        log.log(getattr(note, "level", proxy.NOTICE), "%s: %s", name, note)
     listener.install_signal_handlers(server)
     server.serve()
     log.log(proxy.NOTICE, "%s stopped", mode)

@@ -77,7 +77,9 @@ The contract (duck-typed; ``Dummy`` below is the smallest example)::
         ValueError.missing: str           # client_config's error for an absent argument
                                           # (obfs4's cert=, webtunnel's url=), above
         uses_state_dir = False            # server_config keeps state in state_dir
-        config.notes: tuple of str        # said once at NOTICE by the core (what utls= becomes)
+        config.notes: tuple of str        # said once at NOTICE by the core (what utls= becomes);
+                                          # a note with a .level says it at that level instead
+                                          # (obfs4's state files open to others: WARNING)
         def failure_hint(self, kind) -> str
             # words that say what to check after a failure; kind is "connect" (the dial),
             # "protocol", "timeout" or "closed" (the handshake); default: none. Like the

@@ -433,7 +433,8 @@ BAD_ARGUMENTS = {
                                         "cert=AAAA iat-mode=0", "127.0.0.1:0"],
                                        ["<FINGERPRINT> is a placeholder", "40-hex", "leave it out"], []),
     "bridge-not-a-fingerprint": (["client", "--bridge=obfs4 127.0.0.1:443 ABCDEFG cert=AAAA iat-mode=0",
-                                  "127.0.0.1:0"], ["'ABCDEFG'", "40-hex fingerprint", "KEY=VALUE"], []),
+                                  "127.0.0.1:0"], ["word 3", "40-hex fingerprint", "KEY=VALUE"],
+                                 ["ABCDEFG"]),   # where, never what: it may be a secret
     # D8 and F5: a bridge line without cert= or iat-mode= names what to add (never node-id).
     "bridge-without-cert": (["client", "--bridge=obfs4 127.0.0.1:1 iat-mode=0", "127.0.0.1:0"],
                             ["no cert= given"], ["node-id"]),
@@ -1125,6 +1126,58 @@ def port_taken(scene):
         return run_cli("client", fmt(taken.getsockname())).stderr.splitlines()
 
 
+# A system that keeps ports below 1024 for root, whoever runs the tests (root may bind them).
+PRIVILEGED_BIND = """import errno, runpy, socket, sys
+def bind(self, address):
+    raise PermissionError(errno.EACCES, "Permission denied")
+socket.socket.bind = bind
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def port_below_1024(scene):
+    return subprocess.run([sys.executable, "-c", PRIVILEGED_BIND, PROGRAM, "client", "127.0.0.1:443"],
+                          cwd=str(ROOT), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=30).stderr.splitlines()
+
+
+def live_dummy_tunnel(scene):
+    """(server, client, application socket) of a live tunnel through the dummy transport."""
+    server = scene.start("server", "--transport=dummy", "--dest=" + fmt(scene.echo.address), "127.0.0.1:0")
+    client = scene.start("client", "--transport=dummy", "127.0.0.1:0")
+    app = connect(client, server.address)
+    app.sendall(b"live")
+    assert recv_exact(app, 4) == b"live"
+    return server, client, app
+
+
+def stopped_with_a_live_tunnel(scene):
+    server, client, app = live_dummy_tunnel(scene)
+    with app:
+        client.process.send_signal(signal.SIGTERM)
+        client.log.wait_for(r"stopping now", timeout=IO_TIMEOUT)
+    return client.log.lines
+
+
+def the_bridge_stops_under_a_tunnel(scene):
+    server, client, app = live_dummy_tunnel(scene)
+    with app:
+        server.process.send_signal(signal.SIGTERM)
+        client.log.wait_for(r"the bridge reset", timeout=IO_TIMEOUT)
+    return client.log.lines
+
+
+def state_open_to_others(scene):
+    state = scene.folder / "state"
+    args = ("server", "--state-dir=%s" % state, "--dest=" + fmt(scene.echo.address), "127.0.0.1:0")
+    scene.start(*args).stop()
+    os.chmod(str(state / "obfs4_state.json"), 0o644)
+    server = scene.start(*args)
+    server.log.wait_for(r"\[WARNING\] obfs4: ", timeout=IO_TIMEOUT)
+    return server.log.lines
+
+
 def extended_orport_denies(scene):
     cookie_file = scene.folder / "cookie"
     with ExtORPort(write_cookie(cookie_file), answer="DENY") as ext:
@@ -1141,7 +1194,8 @@ def extended_orport_denies(scene):
 # README row (its start) -> the mistake that makes the program say it (the lines it logged).
 TROUBLESHOOTING = {
     "obfsproxy.py: missing dependency": lambda scene: without_dependencies("client").stderr.splitlines(),
-    "cannot listen on": port_taken,
+    "cannot listen on 127.0.0.1:1050: Address already in use": port_taken,
+    "cannot listen on 0.0.0.0:443: Permission denied": port_below_1024,
     "cannot reach the obfs4 bridge": bridge_refuses,
     "obfs4 handshake with the bridge": lambda scene: socks_to_the_bridge(
         scene, "cert=%s;iat-mode=0" % scene.wrong_cert(), "--handshake-timeout=1"),
@@ -1155,6 +1209,9 @@ TROUBLESHOOTING = {
     "not obfs2: ": different_secret,
     "Extended ORPort denied the connection": extended_orport_denies,
     "refusing a connection": too_many,
+    "conn N ([scrubbed]): the bridge reset the tunnel": the_bridge_stops_under_a_tunnel,
+    "stopping now: N live tunnel(s) reset": stopped_with_a_live_tunnel,
+    "obfs4: the bridge's private key file": state_open_to_others,
 }
 
 
