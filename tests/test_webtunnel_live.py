@@ -56,6 +56,8 @@ from support import (
     socks5_connect,
 )
 
+import browser_tls
+
 PATH = "/k7Qm2Zx1c1b00b6"
 SERVER_URL = "https://wt.test" + PATH            # the bridge's url=, as its operator gives it
 # What the upstream server announces for SERVER_URL (the spec's example, checked against
@@ -312,6 +314,10 @@ class SpeaksFirst:
 
 @pytest.mark.parametrize("front", ["tls", "http"])
 def test_application_half_close_still_reads_the_reply(parts, front):
+    if front == "tls" and browser_tls.route()[0]:
+        pytest.skip("the browser route (curl) sends no close_notify, so a TLS-terminating "
+                    "server reads the client's half-close as a cut (README); CI runs this on "
+                    "Python's ssl with OBFSPROXY_HELLO=python")
     dest, _, url = parts.bridge(reply_after_eof, front)
     client = parts.client("socks", url)
     up = payload(300_000, seed=4)
