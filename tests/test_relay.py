@@ -327,7 +327,7 @@ def test_a_reader_that_does_not_read_stops_the_relay_reading(ends):
     kernel = sum(sock.getsockopt(socket.SOL_SOCKET, option)
                  for sock in (app, upstream, downstream, peer)
                  for option in (socket.SO_SNDBUF, socket.SO_RCVBUF))
-    bound = 2 * kernel + relay_.CHUNK        # what the kernel buffers, and one chunk in the relay
+    bound = 2 * kernel + relay_.MAX_CHUNK    # what the kernel buffers, and one chunk in the relay
     data = os.urandom(4 * bound)
     relay = Relay(upstream, downstream, dummy())
     # The peer reads nothing. Write until the app's socket stays full.
@@ -643,8 +643,8 @@ def test_a_relay_that_becomes_ready_waits_for_at_most_one_turn_of_each_busy_rela
     assert done.wait(WAIT), "the idle relay read %d of its 3 bytes" % len(marks)
     for written, read in zip(writes, marks):
         moved = [after - before for before, after in zip(written, read)]
-        assert max(moved) <= relay_.MAX_CHUNK, \
-            "bulk relays moved %s bytes before a ready relay's turn (at most %d)" % (moved, relay_.MAX_CHUNK)
+        assert max(moved) <= relay_.CHUNK, \
+            "bulk relays moved %s bytes before a ready relay's turn (one turn: %d)" % (moved, relay_.CHUNK)
     assert recv_exact(peer, 3) == b"xxx"
 
 
@@ -691,7 +691,7 @@ def test_paced_pieces_go_on_time_while_bulk_relays_keep_the_pump_busy(ends, bulk
     pump.add(relay_.Relay(upstream, Noted(downstream, on_send), Slow()), lambda error: None)
     assert done.wait(WAIT), "%d of %d paced pieces went" % (len(sent), Slow.PIECES)
     late = [after - (before + Slow.DELAY) for before, after in zip(sent, sent[1:])]
-    turn = relay_.MAX_CHUNK * FakeTime.SECONDS_PER_BYTE
+    turn = relay_.CHUNK * FakeTime.SECONDS_PER_BYTE
     assert min(late) >= 0, "a paced piece went early: %s" % late
     assert max(late) <= turn, "paced pieces late by %s s (one turn: %s s)" % (late, turn)
     assert recv_exact(peer, 4000) == b"p" * 4000
@@ -719,7 +719,7 @@ def test_a_stalled_direction_holds_its_unwritten_bytes_not_a_chunk(ends, make_tr
             break
     assert up.pending, "the peer's socket never filled"
     assert pool.lent == pool.returned, "a stalled direction holds a lent chunk buffer"
-    assert 0 < len(up.pending) <= len(frame(bytes(relay_.MAX_CHUNK)))   # at most one chunk's output
+    assert 0 < len(up.pending) <= len(frame(bytes(relay_.CHUNK)))   # at most one chunk's output
     assert up.pending.nbytes == len(up.pending.obj)                 # in an object of its own size
     # The peer reads now: all of it arrives (the relay driven by hand, as the pump would).
     app.shutdown(socket.SHUT_WR)
