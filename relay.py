@@ -60,12 +60,13 @@ from collections import deque
 # socket per wake-up too). A 64 KiB read costs the relay about twice the CPU per
 # byte of a 256 KiB one when the transform is fast (dummy, obfs2), so a relay
 # that is the only one ready may read more: up to MAX_CHUNK, doubling while a
-# read takes under half TURN_SECONDS, halving when one takes longer than that
-# (obfs4's 64 KiB take about 1 ms, so it stays small; dummy's 256 KiB ~0.1 ms). A full destination brings the read back to CHUNK,
-# so a reader that stalls leaves the relay holding the rest of one small read.
+# read takes under half TURN_SECONDS and halving when one takes over it (obfs4's
+# 64 KiB take about 1 ms, so it stays small; dummy's 256 KiB about 0.1 ms). A
+# full destination brings the read back to CHUNK, so a reader that stalls
+# leaves the relay holding the rest of one small read.
 CHUNK = 64 * 1024        # bytes a direction reads in one turn (while other relays are ready)
-MAX_CHUNK = 4 * CHUNK    # ... and at most, alone, while its reads take well under TURN_SECONDS
-TURN_SECONDS = 0.001     # what a turn alone may grow to take, about
+MAX_CHUNK = 4 * CHUNK    # ... and at most, alone, while its reads take under TURN_SECONDS / 2
+TURN_SECONDS = 0.001     # about the most a turn alone grows to take
 IDLE_CHECK = 1.0         # seconds between looks for a reset on a socket watched for nothing
 SPARE_BUFFERS = 2        # MAX_CHUNK buffers a Pump keeps for reuse. A turn gives its buffer
                          # back before the next turn starts, so one is lent at a time
