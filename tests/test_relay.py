@@ -654,14 +654,14 @@ class FakeTime:
 
     SECONDS_PER_BYTE = 2.0 ** -30       # a 64 KiB chunk: 2**-14 s, about 61 µs
 
-    def __init__(self):
-        self.now = 1.0
+    def __init__(self, seconds_per_byte=SECONDS_PER_BYTE):
+        self.now, self.seconds_per_byte = 1.0, seconds_per_byte
 
     def monotonic(self):
         return self.now
 
     def advance(self, size):
-        self.now += size * self.SECONDS_PER_BYTE
+        self.now += size * self.seconds_per_byte
 
 
 class Slow(Paced):
@@ -695,6 +695,27 @@ def test_paced_pieces_go_on_time_while_bulk_relays_keep_the_pump_busy(ends, bulk
     assert min(late) >= 0, "a paced piece went early: %s" % late
     assert max(late) <= turn, "paced pieces late by %s s (one turn: %s s)" % (late, turn)
     assert recv_exact(peer, 4000) == b"p" * 4000
+
+
+@pytest.mark.parametrize("per_byte, largest", [(2.0 ** -30, "MAX_CHUNK"), (2.0 ** -25, "CHUNK")],
+                         ids=["quick", "slow"])
+def test_a_relay_alone_reads_more_only_while_its_reads_are_quick(bulk, monkeypatch, per_byte, largest):
+    """Alone in its pump, a bulk relay's reads double from CHUNK up to MAX_CHUNK
+    while each takes under half TURN_SECONDS (64 KiB: 61 µs of FakeTime), and
+    stay at CHUNK when one takes longer (64 KiB: 2 ms, obfs4's pace or slower)."""
+    clock = FakeTime(per_byte)
+    monkeypatch.setattr(relay_, "time", clock)
+    sizes, done = [], threading.Event()
+
+    def on_read(size):
+        clock.advance(size)
+        sizes.append(size)
+        if len(sizes) == 10:
+            done.set()
+
+    bulk(relay_.Pump("test-pump"), on_read)
+    assert done.wait(WAIT)
+    assert sizes[0] == relay_.CHUNK and max(sizes[:10]) == getattr(relay_, largest)
 
 
 @pytest.mark.parametrize("make_transport", [dummy, Framed], ids=["in-place", "copying"])
