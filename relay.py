@@ -60,10 +60,10 @@ from collections import deque
 # socket per wake-up too). A 64 KiB read costs the relay about twice the CPU per
 # byte of a 256 KiB one when the transform is fast (dummy, obfs2), so a relay
 # that is the only one ready may read more: up to MAX_CHUNK, doubling while a
-# read takes under half TURN_SECONDS and halving when one takes over it (obfs4's
-# 64 KiB take about 1 ms, so it stays small; dummy's 256 KiB about 0.1 ms). A
-# full destination brings the read back to CHUNK, so a reader that stalls
-# leaves the relay holding the rest of one small read.
+# read takes under half TURN_SECONDS and halving when one takes over it (obfs4
+# spends ~0.65 ms of CPU on 64 KiB with PyNaCl, so it stays at CHUNK; dummy
+# moves 256 KiB in ~0.1 ms). A full destination brings the read back to CHUNK,
+# so a reader that stalls leaves the relay holding the rest of one small read.
 CHUNK = 64 * 1024        # bytes a direction reads in one turn (while other relays are ready)
 MAX_CHUNK = 4 * CHUNK    # ... and at most, alone, while its reads take under TURN_SECONDS / 2
 TURN_SECONDS = 0.001     # about the most a turn alone grows to take
