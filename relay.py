@@ -53,20 +53,22 @@ import time
 from collections import deque
 
 # A turn: what one relay does each time the pump comes to it. Each woken
-# direction reads once (one recv of CHUNK), so a relay that becomes ready waits
-# for at most one read of each busy relay, plus due timers. 8 reads of 256 KiB
-# made an interactive tunnel's echo wait 1.5-3 s beside 16 bulk obfs4 tunnels;
-# with one 64 KiB read, about what obfs4proxy's waits (sshuttle reads 64 KiB per
-# socket per wake-up too). A 64 KiB read costs the relay about twice the CPU per
-# byte of a 256 KiB one when the transform is fast (dummy, obfs2), so a relay
-# that is the only one ready may read more: up to MAX_CHUNK, doubling while a
-# read takes under half TURN_SECONDS and halving when one takes over it (obfs4
-# spends ~0.65 ms of CPU on 64 KiB with PyNaCl, so it stays at CHUNK; dummy
-# moves 256 KiB in ~0.1 ms). A full destination brings the read back to CHUNK,
-# so a reader that stalls leaves the relay holding the rest of one small read.
-CHUNK = 64 * 1024        # bytes a direction reads in one turn (while other relays are ready)
-MAX_CHUNK = 4 * CHUNK    # ... and at most, alone, while its reads take under TURN_SECONDS / 2
-TURN_SECONDS = 0.001     # about the most a turn alone grows to take
+# direction reads once, so a relay that becomes ready waits for at most one read
+# of each busy relay, plus due timers. 8 reads of 256 KiB made an interactive
+# tunnel's echo wait 1.5-3 s beside 16 bulk obfs4 tunnels; with one 64 KiB read,
+# about what obfs4proxy's waits (sshuttle reads 64 KiB per socket per wake-up).
+# But a 64 KiB read costs the relay about twice the CPU per byte of a 256 KiB
+# one when the transform is fast (dummy, obfs2). So a direction's read doubles
+# from CHUNK up to MAX_CHUNK while a read takes under half TURN_SECONDS, and
+# halves when one takes over it (obfs4 spends ~0.65 ms of CPU on 64 KiB with
+# PyNaCl, so it stays at CHUNK; dummy moves 256 KiB in ~0.1 ms); and the reads
+# of one round share ROUND bytes: with n relays ready, each reads at most
+# ROUND / n, never less than CHUNK. A full destination brings the read back to
+# CHUNK, so a reader that stalls leaves the relay holding the rest of one read.
+CHUNK = 64 * 1024        # bytes a direction reads in one turn, at first and at least
+MAX_CHUNK = 4 * CHUNK    # ... and at most, while its reads take under TURN_SECONDS / 2
+TURN_SECONDS = 0.001     # about the most a turn grows to take
+ROUND = 16 * CHUNK       # bytes the ready relays' reads share in one round (1 MiB)
 IDLE_CHECK = 1.0         # seconds between looks for a reset on a socket watched for nothing
 SPARE_BUFFERS = 2        # MAX_CHUNK buffers a Pump keeps for reuse. A turn gives its buffer
                          # back before the next turn starts, so one is lent at a time
@@ -189,15 +191,15 @@ class _Direction:
                 self.buffers.give_back(self.buffer)
                 self.buffer = None
 
-    def pump(self, alone=False):
+    def pump(self, share=CHUNK):
         """One turn: write what is pending; once all of it has gone, read one
-        chunk, transform it and write it. The chunk is CHUNK bytes at most, or
-        ``size`` when the relay is ``alone`` (the only one ready). A direction
-        with more to read is ready again and gets its next turn after the other
-        ready relays have had theirs (Pump)."""
+        chunk, transform it and write it. The chunk is at most ``size`` bytes
+        and at most ``share``, this turn's part of the round (see ROUND). A
+        direction with more to read is ready again and gets its next turn after
+        the other ready relays have had theirs (Pump)."""
         if not self.write() or not self.reading():
             return
-        buffer, size, wanted = self.buffers.lend(), 0, self.size if alone else CHUNK
+        buffer, size, wanted = self.buffers.lend(), 0, min(self.size, share)
         began = time.monotonic()
         try:
             size = self.src.recv_into(buffer, wanted)
@@ -228,7 +230,7 @@ class _Direction:
         self.take(out, buffer)
         if not self.write():
             self.size = CHUNK              # dst is full: it sets the pace, small reads do
-        elif alone and size == wanted:     # the source had more: size the next read to time
+        elif size == wanted == self.size:  # the source had more: size the next read to time
             took = time.monotonic() - began
             if took < TURN_SECONDS / 2 and size < MAX_CHUNK:
                 self.size = 2 * size
@@ -304,8 +306,9 @@ class Relay:
 
     Methods for the driver (``Pump``): ``start()`` once; then ``watch()`` ->
     ({socket: events}, seconds until a timer is due or None), and
-    ``handle([(socket, events)], alone)`` when sockets are ready (``[]``: the
-    timer is due; ``alone``: no other relay is ready) until ``finished``;
+    ``handle([(socket, events)], share)`` when sockets are ready (``[]``: the
+    timer is due; ``share``: the most a direction may read, see ROUND) until
+    ``finished``;
     ``abort()`` after an OSError; ``close()`` always, at the end (it gives the
     buffers back, never closes the sockets: their owner does). ``handle``
     raises OSError when a socket fails and the transport's ProtocolError when
@@ -382,7 +385,7 @@ class Relay:
             timeout = IDLE_CHECK if timeout is None else min(timeout, IDLE_CHECK)
         return wanted, timeout
 
-    def handle(self, ready, alone=False):
+    def handle(self, ready, share=CHUNK):
         """Act on [(socket, events)], or on a timer that came due ([])."""
         up, down = self.up, self.down
         if not ready:
@@ -400,7 +403,7 @@ class Relay:
                         (sock is direction.src and events & selectors.EVENT_READ)):
                     woken.append(direction)
         for direction in woken:
-            direction.pump(alone)
+            direction.pump(share)
         if up.pieces and not up.pending:       # what receiving made the transport owe
             up.write()
 
@@ -462,7 +465,8 @@ class Pump:
     turn each (every woken direction reads once: ``_Direction.pump``), those
     served longest ago first. So a relay that becomes ready waits for at most
     one turn of each busy relay, whatever order the selector reports them in:
-    one CHUNK a direction (a relay alone may read more, see CHUNK). Due timers
+    a read of at most MAX_CHUNK, and of CHUNK once ROUND / CHUNK relays are
+    ready (see CHUNK). Due timers
     (a paced transport's next piece) are served before every turn, not once
     per round: one is late by at most the turn under way, and the earliest
     timer is the selector's timeout when no relay is ready.
@@ -611,6 +615,7 @@ class Pump:
                     self._start_new(selector)
                 # The relays served longest ago go first: one that has just become
                 # ready waits for at most one turn of each busy relay.
+                share = max(CHUNK, ROUND // max(1, len(ready)))
                 for relay in sorted(ready, key=lambda relay: self._served.get(relay, 0)):
                     self._fire_timers(selector)
                     if relay not in self._relays:
@@ -620,7 +625,7 @@ class Pump:
                             continue
                     self._turns += 1
                     self._served[relay] = self._turns
-                    self._step(selector, relay, ready[relay], len(ready) == 1)
+                    self._step(selector, relay, ready[relay], share)
                 self._fire_timers(selector)
                 if self._relays:
                     idle_since = time.monotonic()
@@ -670,9 +675,9 @@ class Pump:
             self._relays[relay] = on_end
             self._settle(selector, relay)
 
-    def _step(self, selector, relay, events, alone=False):
+    def _step(self, selector, relay, events, share=CHUNK):
         try:
-            relay.handle(events, alone)
+            relay.handle(events, share)
         except Exception as exc:
             self._fail(selector, relay, exc)
             return

@@ -613,8 +613,9 @@ def test_a_relay_that_becomes_ready_waits_for_at_most_one_turn_of_each_busy_rela
     """Three bulk relays keep the pump busy; a byte reaches an idle relay's
     application socket three times, written from inside a bulk relay's read (on
     the pump's thread, so where the pump stands is known exactly). Between the
-    write and the idle relay's read, each bulk relay may read one chunk: one
-    turn, whatever the order in which the selector reports the sockets."""
+    write and the idle relay's read, each bulk relay may read once (one turn,
+    at most MAX_CHUNK), whatever the order in which the selector reports the
+    sockets."""
     app, upstream, downstream, peer = ends()
     pump = relay_.Pump("test-pump")
     reads, writes, marks = [0], [], []
@@ -643,8 +644,8 @@ def test_a_relay_that_becomes_ready_waits_for_at_most_one_turn_of_each_busy_rela
     assert done.wait(WAIT), "the idle relay read %d of its 3 bytes" % len(marks)
     for written, read in zip(writes, marks):
         moved = [after - before for before, after in zip(written, read)]
-        assert max(moved) <= relay_.CHUNK, \
-            "bulk relays moved %s bytes before a ready relay's turn (one turn: %d)" % (moved, relay_.CHUNK)
+        assert max(moved) <= relay_.MAX_CHUNK, \
+            "bulk relays moved %s bytes before a ready relay's turn (at most %d)" % (moved, relay_.MAX_CHUNK)
     assert recv_exact(peer, 3) == b"xxx"
 
 
@@ -665,14 +666,14 @@ class FakeTime:
 
 
 class Slow(Paced):
-    DELAY = 17 * 2.0 ** -14              # about 1 ms of FakeTime: 17 chunks of 64 KiB, so
+    DELAY = 17 * 2.0 ** -14              # about 1 ms of FakeTime: 4.25 reads of 256 KiB, so
                                          # that rounds of four bulk turns do not line up with it
 
 
 def test_paced_pieces_go_on_time_while_bulk_relays_keep_the_pump_busy(ends, bulk, monkeypatch):
     """A paced relay's pieces beside four bulk relays, on a clock that moves
     only as bulk bytes are read: each piece goes at most one bulk turn (one
-    chunk) after its time, not after a round of every ready relay."""
+    read) after its time, not after a round of every ready relay."""
     clock = FakeTime()
     monkeypatch.setattr(relay_, "time", clock)
     app, upstream, downstream, peer = ends()
@@ -691,7 +692,7 @@ def test_paced_pieces_go_on_time_while_bulk_relays_keep_the_pump_busy(ends, bulk
     pump.add(relay_.Relay(upstream, Noted(downstream, on_send), Slow()), lambda error: None)
     assert done.wait(WAIT), "%d of %d paced pieces went" % (len(sent), Slow.PIECES)
     late = [after - (before + Slow.DELAY) for before, after in zip(sent, sent[1:])]
-    turn = relay_.CHUNK * FakeTime.SECONDS_PER_BYTE
+    turn = relay_.MAX_CHUNK * FakeTime.SECONDS_PER_BYTE
     assert min(late) >= 0, "a paced piece went early: %s" % late
     assert max(late) <= turn, "paced pieces late by %s s (one turn: %s s)" % (late, turn)
     assert recv_exact(peer, 4000) == b"p" * 4000
@@ -716,6 +717,25 @@ def test_a_relay_alone_reads_more_only_while_its_reads_are_quick(bulk, monkeypat
     bulk(relay_.Pump("test-pump"), on_read)
     assert done.wait(WAIT)
     assert sizes[0] == relay_.CHUNK and max(sizes[:10]) == getattr(relay_, largest)
+
+
+def test_the_reads_of_one_round_share_its_bytes(bulk):
+    """With ROUND / CHUNK bulk relays ready, each reads CHUNK a turn, however
+    quick its reads are: a round, and so any relay's wait, stays ROUND long."""
+    many = relay_.ROUND // relay_.CHUNK
+    sizes, done, bulks = [], threading.Event(), []
+
+    def on_read(size):
+        if len(bulks) == many:               # once all of them run
+            sizes.append(size)
+            if len(sizes) == 4 * many:
+                done.set()
+
+    pump = relay_.Pump("test-pump")
+    for _ in range(many):
+        bulks.append(bulk(pump, on_read))
+    assert done.wait(WAIT)
+    assert max(sizes[:4 * many]) == relay_.CHUNK
 
 
 @pytest.mark.parametrize("make_transport", [dummy, Framed], ids=["in-place", "copying"])
