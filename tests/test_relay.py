@@ -721,19 +721,24 @@ def test_a_relay_alone_reads_more_only_while_its_reads_are_quick(bulk, monkeypat
 
 def test_the_reads_of_one_round_share_its_bytes(bulk):
     """With ROUND / CHUNK bulk relays ready, each reads CHUNK a turn, however
-    quick its reads are: a round, and so any relay's wait, stays ROUND long."""
+    quick its reads are: a round, and so any relay's wait, stays ROUND long.
+    Counted from the last relay's first read: every round after it has them all."""
     many = relay_.ROUND // relay_.CHUNK
-    sizes, done, bulks = [], threading.Event(), []
+    sizes, done, all_in = [], threading.Event(), []
 
     def on_read(size):
-        if len(bulks) == many:               # once all of them run
+        if all_in:
             sizes.append(size)
             if len(sizes) == 4 * many:
                 done.set()
 
+    def on_last_read(size):
+        all_in.append(True)
+        on_read(size)
+
     pump = relay_.Pump("test-pump")
-    for _ in range(many):
-        bulks.append(bulk(pump, on_read))
+    for number in range(many):
+        bulk(pump, on_read if number < many - 1 else on_last_read)
     assert done.wait(WAIT)
     assert max(sizes[:4 * many]) == relay_.CHUNK
 
