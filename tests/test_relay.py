@@ -719,21 +719,22 @@ def test_a_relay_alone_reads_more_only_while_its_reads_are_quick(bulk, monkeypat
     assert sizes[0] == relay_.CHUNK and max(sizes[:10]) == getattr(relay_, largest)
 
 
-def test_the_reads_of_one_round_share_its_bytes(bulk):
-    """With ROUND / CHUNK bulk relays ready, each reads CHUNK a turn, however
-    quick its reads are: a round, and so any relay's wait, stays ROUND long.
-    Counted from the last relay's first read: every round after it has them all."""
+def test_the_relays_of_a_pump_share_round_bytes_a_read(bulk):
+    """With ROUND / CHUNK relays in the pump, each reads CHUNK a turn, however
+    quick its reads are: a round, and what stalled readers can hold, stay about
+    ROUND. Counted from the last relay's second read: every round since its
+    first began with all of them in the pump."""
     many = relay_.ROUND // relay_.CHUNK
-    sizes, done, all_in = [], threading.Event(), []
+    sizes, done, last_reads = [], threading.Event(), []
 
     def on_read(size):
-        if all_in:
+        if len(last_reads) >= 2:
             sizes.append(size)
             if len(sizes) == 4 * many:
                 done.set()
 
     def on_last_read(size):
-        all_in.append(True)
+        last_reads.append(size)
         on_read(size)
 
     pump = relay_.Pump("test-pump")
