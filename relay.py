@@ -70,7 +70,7 @@ from collections import deque
 CHUNK = 64 * 1024        # bytes a direction reads in one turn, at first and at least
 MAX_CHUNK = 4 * CHUNK    # ... and at most, while its reads take under TURN_SECONDS / 2
 TURN_SECONDS = 0.001     # about the most a turn grows to take
-ROUND = 16 * CHUNK       # bytes a pump's relays share in a read each (1 MiB)
+ROUND = 16 * CHUNK       # what one read of every relay of a pump may add up to (1 MiB)
 IDLE_CHECK = 1.0         # seconds between looks for a reset on a socket watched for nothing
 SPARE_BUFFERS = 2        # MAX_CHUNK buffers a Pump keeps for reuse. A turn gives its buffer
                          # back before the next turn starts, so one is lent at a time
@@ -196,7 +196,7 @@ class _Direction:
     def pump(self, share=CHUNK):
         """One turn: write what is pending; once all of it has gone, read one
         chunk, transform it and write it. The chunk is at most ``size`` bytes
-        and at most ``share``, this turn's part of the round (see ROUND). A
+        and at most ``share``, this relay's part of ROUND. A
         direction with more to read is ready again and gets its next turn after
         the other ready relays have had theirs (Pump)."""
         if not self.write() or not self.reading():
