@@ -52,19 +52,25 @@ import threading
 import time
 from collections import deque
 
-# A turn: what one relay does each time the pump comes to it. Each direction
-# reads once (one recv), so a relay that becomes ready waits for at most one read
+# A turn: what one relay does each time the pump comes to it. Each woken
+# direction reads once, so a relay that becomes ready waits for at most one read
 # of each busy relay, plus due timers. 8 reads of 256 KiB made an interactive
 # tunnel's echo wait 1.5-3 s beside 16 bulk obfs4 tunnels; with one 64 KiB read,
 # about what obfs4proxy's waits (sshuttle reads 64 KiB per socket per wake-up).
-# But a 64 KiB read costs the relay twice the CPU per byte of 256 KiB when the
-# transform is fast (dummy, obfs2: ~0.1 ms a chunk): so a direction's read grows
-# from CHUNK to MAX_CHUNK while a turn takes under a quarter of TURN_SECONDS,
-# and shrinks when one takes longer, or when its destination is full (a reader
-# that stalls then holds at most the rest of one small read).
+# But a 64 KiB read costs the relay about twice the CPU per byte of a 256 KiB
+# one when the transform is fast (dummy, obfs2). So a direction's read doubles
+# from CHUNK up to MAX_CHUNK while a read takes under half TURN_SECONDS, and
+# halves when one takes over it (obfs4 spends ~0.65 ms of CPU on 64 KiB with
+# PyNaCl, so it stays at CHUNK; dummy moves 256 KiB in ~0.1 ms); and the relays
+# of a pump share ROUND: with n relays, each reads at most ROUND / n, never
+# less than CHUNK. So a round moves at most max(ROUND, n x CHUNK) a direction,
+# and as many readers that stall hold at most about that (a stalled direction
+# keeps the rest of its last read; 256 KiB reads made 200 such tunnels hold
+# 25 MiB, 64 KiB ones 7 MiB). A full destination brings the read back to CHUNK.
 CHUNK = 64 * 1024        # bytes a direction reads in one turn, at first and at least
-MAX_CHUNK = 4 * CHUNK    # ... and at most, while its turns take well under TURN_SECONDS
-TURN_SECONDS = 0.001     # what one turn should take at most (obfs4: 64 KiB take ~1 ms)
+MAX_CHUNK = 4 * CHUNK    # ... and at most, while its reads take under TURN_SECONDS / 2
+TURN_SECONDS = 0.001     # about the most a turn grows to take
+ROUND = 16 * CHUNK       # what one read of every relay of a pump may add up to (1 MiB)
 IDLE_CHECK = 1.0         # seconds between looks for a reset on a socket watched for nothing
 SPARE_BUFFERS = 2        # MAX_CHUNK buffers a Pump keeps for reuse. A turn gives its buffer
                          # back before the next turn starts, so one is lent at a time
@@ -188,17 +194,18 @@ class _Direction:
                 self.buffers.give_back(self.buffer)
                 self.buffer = None
 
-    def pump(self):
+    def pump(self, share=CHUNK):
         """One turn: write what is pending; once all of it has gone, read one
-        chunk (at most ``size`` bytes), transform it and write it. A direction
-        with more to read is ready again and gets its next turn after the other
-        ready relays have had theirs (Pump)."""
+        chunk, transform it and write it. The chunk is at most ``size`` bytes
+        and at most ``share``, this relay's part of ROUND. A
+        direction with more to read is ready again and gets its next turn after
+        the other ready relays have had theirs (Pump)."""
         if not self.write() or not self.reading():
             return
-        buffer, size = self.buffers.lend(), 0
+        buffer, size, wanted = self.buffers.lend(), 0, min(self.size, share)
         began = time.monotonic()
         try:
-            size = self.src.recv_into(buffer, self.size)
+            size = self.src.recv_into(buffer, wanted)
             out = self.transform(memoryview(buffer)[:size]) if size else None
         except BlockingIOError:
             self.buffers.give_back(buffer)
@@ -228,9 +235,9 @@ class _Direction:
             self.eof = True
         if not self.write():
             self.size = CHUNK              # dst is full: it sets the pace, small reads do
-        elif size == self.size:            # the source had more: size the next read to time
+        elif size == wanted == self.size:  # the source had more: size the next read to time
             took = time.monotonic() - began
-            if took < TURN_SECONDS / 4 and size < MAX_CHUNK:
+            if took < TURN_SECONDS / 2 and size < MAX_CHUNK:
                 self.size = 2 * size
             elif took > TURN_SECONDS and size > CHUNK:
                 self.size = size // 2
@@ -304,11 +311,13 @@ class Relay:
 
     Methods for the driver (``Pump``): ``start()`` once; then ``watch()`` ->
     ({socket: events}, seconds until a timer is due or None), and
-    ``handle([(socket, events)])`` when sockets are ready (``[]``: the timer is
-    due) until ``finished``; ``abort()`` after an OSError; ``close()`` always,
-    at the end (it gives the buffers back, never closes the sockets: their
-    owner does). ``handle`` raises OSError when a socket fails and the
-    transport's ProtocolError when the peer breaks the protocol.
+    ``handle([(socket, events)], share)`` when sockets are ready (``[]``: the
+    timer is due; ``share``: the most a direction may read, see ROUND) until
+    ``finished``;
+    ``abort()`` after an OSError; ``close()`` always, at the end (it gives the
+    buffers back, never closes the sockets: their owner does). ``handle``
+    raises OSError when a socket fails and the transport's ProtocolError when
+    the peer breaks the protocol.
     """
 
     def __init__(self, upstream, downstream, transport, to_upstream=b"", to_downstream=b""):
@@ -387,7 +396,7 @@ class Relay:
             timeout = IDLE_CHECK if timeout is None else min(timeout, IDLE_CHECK)
         return wanted, timeout
 
-    def handle(self, ready):
+    def handle(self, ready, share=CHUNK):
         """Act on [(socket, events)], or on a timer that came due ([])."""
         up, down = self.up, self.down
         if not ready:
@@ -405,7 +414,7 @@ class Relay:
                         (sock is direction.src and events & selectors.EVENT_READ)):
                     woken.append(direction)
         for direction in woken:
-            direction.pump()
+            direction.pump(share)
         if up.pieces and not up.pending:       # what receiving made the transport owe
             up.write()
 
@@ -466,8 +475,9 @@ class Pump:
     Fair turns. Each time round, the relays the selector reports ready get one
     turn each (every woken direction reads once: ``_Direction.pump``), those
     served longest ago first. So a relay that becomes ready waits for at most
-    one turn of each busy relay, whatever order the selector reports them in;
-    a bulk relay's turn is at most MAX_CHUNK and about TURN_SECONDS. Due timers
+    one turn of each busy relay, whatever order the selector reports them in:
+    a read of at most MAX_CHUNK, and of CHUNK once the pump holds ROUND / CHUNK
+    relays (see CHUNK). Due timers
     (a paced transport's next piece) are served before every turn, not once
     per round: one is late by at most the turn under way, and the earliest
     timer is the selector's timeout when no relay is ready.
@@ -616,6 +626,7 @@ class Pump:
                     self._start_new(selector)
                 # The relays served longest ago go first: one that has just become
                 # ready waits for at most one turn of each busy relay.
+                share = max(CHUNK, ROUND // max(1, len(self._relays)))
                 for relay in sorted(ready, key=lambda relay: self._served.get(relay, 0)):
                     self._fire_timers(selector)
                     if relay not in self._relays:
@@ -625,7 +636,7 @@ class Pump:
                             continue
                     self._turns += 1
                     self._served[relay] = self._turns
-                    self._step(selector, relay, ready[relay])
+                    self._step(selector, relay, ready[relay], share)
                 self._fire_timers(selector)
                 if self._relays:
                     idle_since = time.monotonic()
@@ -675,9 +686,9 @@ class Pump:
             self._relays[relay] = on_end
             self._settle(selector, relay)
 
-    def _step(self, selector, relay, events):
+    def _step(self, selector, relay, events, share=CHUNK):
         try:
-            relay.handle(events)
+            relay.handle(events, share)
         except Exception as exc:
             self._fail(selector, relay, exc)
             return

@@ -327,7 +327,7 @@ def test_a_reader_that_does_not_read_stops_the_relay_reading(ends):
     kernel = sum(sock.getsockopt(socket.SOL_SOCKET, option)
                  for sock in (app, upstream, downstream, peer)
                  for option in (socket.SO_SNDBUF, socket.SO_RCVBUF))
-    bound = 2 * kernel + relay_.CHUNK        # what the kernel buffers, and one chunk in the relay
+    bound = 2 * kernel + relay_.MAX_CHUNK    # what the kernel buffers, and one chunk in the relay
     data = os.urandom(4 * bound)
     relay = Relay(upstream, downstream, dummy())
     # The peer reads nothing. Write until the app's socket stays full.
@@ -613,8 +613,9 @@ def test_a_relay_that_becomes_ready_waits_for_at_most_one_turn_of_each_busy_rela
     """Three bulk relays keep the pump busy; a byte reaches an idle relay's
     application socket three times, written from inside a bulk relay's read (on
     the pump's thread, so where the pump stands is known exactly). Between the
-    write and the idle relay's read, each bulk relay may read one chunk: one
-    turn, whatever the order in which the selector reports the sockets."""
+    write and the idle relay's read, each bulk relay may read once (one turn,
+    at most MAX_CHUNK), whatever the order in which the selector reports the
+    sockets."""
     app, upstream, downstream, peer = ends()
     pump = relay_.Pump("test-pump")
     reads, writes, marks = [0], [], []
@@ -654,25 +655,25 @@ class FakeTime:
 
     SECONDS_PER_BYTE = 2.0 ** -30       # a 64 KiB chunk: 2**-14 s, about 61 µs
 
-    def __init__(self):
-        self.now = 1.0
+    def __init__(self, seconds_per_byte=SECONDS_PER_BYTE):
+        self.now, self.seconds_per_byte = 1.0, seconds_per_byte
 
     def monotonic(self):
         return self.now
 
     def advance(self, size):
-        self.now += size * self.SECONDS_PER_BYTE
+        self.now += size * self.seconds_per_byte
 
 
 class Slow(Paced):
-    DELAY = 17 * 2.0 ** -14              # about 1 ms of FakeTime: 17 chunks of 64 KiB, so
+    DELAY = 17 * 2.0 ** -14              # about 1 ms of FakeTime: 4.25 reads of 256 KiB, so
                                          # that rounds of four bulk turns do not line up with it
 
 
 def test_paced_pieces_go_on_time_while_bulk_relays_keep_the_pump_busy(ends, bulk, monkeypatch):
     """A paced relay's pieces beside four bulk relays, on a clock that moves
     only as bulk bytes are read: each piece goes at most one bulk turn (one
-    chunk) after its time, not after a round of every ready relay."""
+    read) after its time, not after a round of every ready relay."""
     clock = FakeTime()
     monkeypatch.setattr(relay_, "time", clock)
     app, upstream, downstream, peer = ends()
@@ -697,6 +698,52 @@ def test_paced_pieces_go_on_time_while_bulk_relays_keep_the_pump_busy(ends, bulk
     assert recv_exact(peer, 4000) == b"p" * 4000
 
 
+@pytest.mark.parametrize("per_byte, largest", [(2.0 ** -30, "MAX_CHUNK"), (2.0 ** -25, "CHUNK")],
+                         ids=["quick", "slow"])
+def test_a_relay_alone_reads_more_only_while_its_reads_are_quick(bulk, monkeypatch, per_byte, largest):
+    """Alone in its pump, a bulk relay's reads double from CHUNK up to MAX_CHUNK
+    while each takes under half TURN_SECONDS (64 KiB: 61 µs of FakeTime), and
+    stay at CHUNK when one takes longer (64 KiB: 2 ms, obfs4's pace or slower)."""
+    clock = FakeTime(per_byte)
+    monkeypatch.setattr(relay_, "time", clock)
+    sizes, done = [], threading.Event()
+
+    def on_read(size):
+        clock.advance(size)
+        sizes.append(size)
+        if len(sizes) == 10:
+            done.set()
+
+    bulk(relay_.Pump("test-pump"), on_read)
+    assert done.wait(WAIT)
+    assert sizes[0] == relay_.CHUNK and max(sizes[:10]) == getattr(relay_, largest)
+
+
+def test_the_relays_of_a_pump_share_round_bytes_a_read(bulk):
+    """With ROUND / CHUNK relays in the pump, each reads CHUNK a turn, however
+    quick its reads are: a round, and what stalled readers can hold, stay about
+    ROUND. Counted from the last relay's second read: every round since its
+    first began with all of them in the pump."""
+    many = relay_.ROUND // relay_.CHUNK
+    sizes, done, last_reads = [], threading.Event(), []
+
+    def on_read(size):
+        if len(last_reads) >= 2:
+            sizes.append(size)
+            if len(sizes) == 4 * many:
+                done.set()
+
+    def on_last_read(size):
+        last_reads.append(size)
+        on_read(size)
+
+    pump = relay_.Pump("test-pump")
+    for number in range(many):
+        bulk(pump, on_read if number < many - 1 else on_last_read)
+    assert done.wait(WAIT)
+    assert max(sizes[:4 * many]) == relay_.CHUNK
+
+
 @pytest.mark.parametrize("make_transport", [dummy, Framed], ids=["in-place", "copying"])
 def test_a_stalled_direction_holds_its_unwritten_bytes_not_a_chunk(ends, make_transport):
     """The peer reads nothing: once its socket is full, the up direction keeps
@@ -719,7 +766,7 @@ def test_a_stalled_direction_holds_its_unwritten_bytes_not_a_chunk(ends, make_tr
             break
     assert up.pending, "the peer's socket never filled"
     assert pool.lent == pool.returned, "a stalled direction holds a lent chunk buffer"
-    assert 0 < len(up.pending) <= len(frame(bytes(relay_.MAX_CHUNK)))   # at most one chunk's output
+    assert 0 < len(up.pending) <= len(frame(bytes(relay_.CHUNK)))   # at most one chunk's output
     assert up.pending.nbytes == len(up.pending.obj)                 # in an object of its own size
     # The peer reads now: all of it arrives (the relay driven by hand, as the pump would).
     app.shutdown(socket.SHUT_WR)
