@@ -501,7 +501,7 @@ def client_hello_section(walk):
     walk.check(hello.sni == (None if is_ip_literal(config.servername) else config.servername),
                "the SNI is not servername= (none for an IP address: RFC 6066 3)")
     walk.check(hello.alpn == [b"http/1.1"], "the ALPN is not http/1.1")
-    reference = tlswire.hello(in_memory_client_hello(webtunnel.default_client_context(), config.servername))
+    reference = tlswire.hello(browser_tls.first_flight(webtunnel.default_client_context(), config.servername))
     if walk.check(reference is not None and tlswire.ja4(reference) == ja4,
                   "the demo client's JA4 is not that of webtunnel.default_client_context()'s ClientHello"):
         print("  Checked: the SNI is servername=, the ALPN http/1.1, and webtunnel.default_client_context()")
@@ -519,17 +519,6 @@ def client_hello_section(walk):
     print("  A censor with a list of fingerprints tells Python's hello from a browser's; lyrebird")
     print("  shapes its hello with uTLS (randomized by default: no browser's either) for that reason.")
     return hello
-
-
-def in_memory_client_hello(context, servername):
-    """The first flight a client context sends for ``servername``, made in memory."""
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = context.wrap_bio(incoming, outgoing, server_hostname=servername)
-    try:
-        tls.do_handshake()
-    except ssl.SSLWantReadError:
-        pass
-    return outgoing.read()
 
 
 def extension_words(hello, kind, data):

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from support import PROGRAM, ROOT, LineReader, closed_port, load_vectors, pycryptodome_cipher, wait_until
 
+import browser_tls
 import proxy
 import tlswire
 from curve25519 import elligator2_direct
@@ -550,7 +551,7 @@ def test_webtunnel_demo_shows_what_crossed_the_wire(tmp_path):
     assert re.search(r"\n +0  server_name +wt\.test ", out)
     context = ssl.create_default_context()
     context.set_alpn_protocols(["http/1.1"])
-    reference = demo_webtunnel.in_memory_client_hello(context, "wt.test")
+    reference = browser_tls.first_flight(context, "wt.test")
     assert "JA4 = %s " % tlswire.ja4(tlswire.hello(reference)) in out
     assert tlswire.ja4(tlswire.hello(reference)) == tlswire.ja4(tlswire.hello(c_wire))
 
