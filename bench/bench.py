@@ -34,6 +34,8 @@ end each is stopped the way it expects (ours: SIGTERM; obfs4proxy: its stdin is 
 
     ours-obfsN       python obfsproxy.py client  ->  python obfsproxy.py server, N = 2, 3, 4
                      (obfs4 on the routes installed: PyNaCl's whenever it imports)
+    ours-obfsN-stdlib  (only when named) OBFSPROXY_CRYPTO=stdlib: no package, libcrypto
+                     through ctypes then plain Python, as the .pyz runs on a bare Python
     ours-obfs4-portable  the same with OBFSPROXY_CRYPTO=portable: obfs4 on pycryptodome
                      alone, as on a machine without PyNaCl
     o4p-obfsN        obfs4proxy client -> obfs4proxy server (managed mode, TOR_PT_* variables)

@@ -31,6 +31,10 @@ for _transport in TRANSPORTS:
 # obfs4 on pycryptodome alone (OBFSPROXY_CRYPTO=portable: PyNaCl ignored); "ours-obfs4"
 # runs what is installed (PyNaCl's routes when it imports).
 SETUPS["ours-obfs4-portable"] = ("ours", "ours", "obfs4")
+# Each transport on the no-package routes (OBFSPROXY_CRYPTO=stdlib: libcrypto through ctypes,
+# then plain Python), what the .pyz runs on a bare Python; only when named.
+for _transport in TRANSPORTS:
+    SETUPS["ours-%s-stdlib" % _transport] = ("ours", "ours", _transport)
 # webtunnel, only when named: ours through nginx, ours terminating TLS, and nginx alone.
 SETUPS.update({"ours-webtunnel": ("ours", "ours", "webtunnel"),
                "ours-webtunnel-tls": ("ours", "ours", "webtunnel"),
@@ -53,6 +57,8 @@ def ours_environment(name):
         env["OBFSPROXY_POOL_SIZE"] = "0"
     if name.endswith("-portable"):
         env[CRYPTO_ENV] = "portable"
+    if name.endswith("-stdlib"):
+        env[CRYPTO_ENV] = "stdlib"
     return env
 
 
