@@ -34,8 +34,6 @@ end each is stopped the way it expects (ours: SIGTERM; obfs4proxy: its stdin is 
 
     ours-obfsN       python obfsproxy.py client  ->  python obfsproxy.py server, N = 2, 3, 4
                      (obfs4 on the routes installed: PyNaCl's whenever it imports)
-    ours-obfsN-stdlib  (only when named) OBFSPROXY_CRYPTO=stdlib: no package, libcrypto
-                     through ctypes then plain Python, as the .pyz runs on a bare Python
     ours-obfs4-portable  the same with OBFSPROXY_CRYPTO=portable: obfs4 on pycryptodome
                      alone, as on a machine without PyNaCl
     o4p-obfsN        obfs4proxy client -> obfs4proxy server (managed mode, TOR_PT_* variables)
@@ -44,6 +42,8 @@ end each is stopped the way it expects (ours: SIGTERM; obfs4proxy: its stdin is 
   and, only when named in --setups:
     ours-to-o4p-obfsN, o4p-to-ours-obfsN   one end each (interoperability under load)
     ours-obfsN-nopool  ours with OBFSPROXY_POOL_SIZE=0: what the handshake pools buy
+    ours-obfsN-stdlib  ours with OBFSPROXY_CRYPTO=stdlib: no package, libcrypto through
+                     ctypes then plain Python, as the .pyz runs on a bare Python
     ours-webtunnel   python obfsproxy.py client ==TLS==> nginx (tests/nginx.py's configuration,
                      the README's) --> python obfsproxy.py server (plain HTTP) --> sink; the
                      client trusts a test CA (tests/testca.py) through SSL_CERT_FILE
