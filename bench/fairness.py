@@ -569,14 +569,14 @@ def main(argv=None):
     options.profile = None
     meter = machine.Meter()
     sink = children.start_sink()
-    setups = [setups.Setup(name, options, sink, meter) for name in options.setups]
+    running = [setups.Setup(name, options, sink, meter) for name in options.setups]
     results = {test: {} for test in options.tests}
     began = time.monotonic()
 
     def turns(rep):
         """The setups in this repetition's order: rotated each time."""
-        shift = rep % len(setups)
-        return [s for s in setups[shift:] + setups[:shift] if s.route is not None]
+        shift = rep % len(running)
+        return [s for s in running[shift:] + running[:shift] if s.route is not None]
 
     def attempt(setup, what, work, *args):
         try:
@@ -587,7 +587,7 @@ def main(argv=None):
 
     try:
         with tempfile.TemporaryDirectory(prefix="fairness-") as state_dir:
-            for number, setup in enumerate(setups):
+            for number, setup in enumerate(running):
                 setup.start(os.path.join(state_dir, str(number)))
             if "latency" in options.tests:
                 for level in options.levels:
@@ -604,7 +604,7 @@ def main(argv=None):
                             key: (None if any(c[key] is None for c in cells)
                                   else measure.median([c[key] for c in cells]))
                             for key in ("p50", "p99", "bulk_mbs")}
-            obfs4 = [s for s in setups if s.transport == "obfs4"]
+            obfs4 = [s for s in running if s.transport == "obfs4"]
             if "iat2" in options.tests:
                 for setup in turns(0):
                     if setup in obfs4:
@@ -633,7 +633,7 @@ def main(argv=None):
                                   % (cell["without"]["rtt_p99"], cell["with"]["rtt_p99"],
                                      cell["without"]["open_p50"], cell["with"]["open_p50"]))
     finally:
-        for setup in setups:
+        for setup in running:
             setup.stop()
         sink.stop()
     print()
