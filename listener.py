@@ -26,14 +26,15 @@ A bridge many people share must stay open to the client that completes its
 handshake promptly, whatever else connects. The rules, and why:
 
 * Pending handshakes are counted apart from tunnels. ``--max-connections``
-  caps the tunnels relayed; ``max_pending`` (the same number unless given)
-  caps the handshakes under way. When the pending set is full, a new
-  connection drops the oldest pending handshake that waits for bytes from its
-  client (never one being computed, or dialling on), and is refused only
-  when there is none. When pending connections counted against one cap,
-  2,048 silent sockets locked every user out for the handshake timeout,
-  renewable at will; now an attacker's sockets only push each other out,
-  and a prompt client's handshake is over long before its turn to go.
+  caps the tunnels relayed; ``max_pending`` (four times that unless given)
+  caps the handshakes under way. A waiting socket costs a descriptor and no
+  thread, so the room is cheap, and it keeps an attack's thousands from being
+  dropped and reopened over and over (that churn is what costs CPU). When the
+  pending set is full, a new connection drops the oldest pending handshake
+  that waits for bytes from its client (never one being computed, or
+  dialling on), and is refused only when there is none: an attacker's
+  sockets only push each other out, and a prompt client's handshake is over
+  long before its turn to go.
 * A connection whose client has said nothing costs a descriptor, not a
   thread: where our side has nothing to send first (``proxy.first_wait``),
   the listener's one poller (``_Waits``) watches it and starts its thread
@@ -150,7 +151,7 @@ class Listener:
 
     def __init__(self, max_connections=2048, tick=None, pool_size=None, max_pending=None):
         self.max_connections = max_connections   # tunnels relayed at once
-        self.max_pending = max_connections if max_pending is None else max_pending
+        self.max_pending = 4 * max_connections if max_pending is None else max_pending
         self.tick = tick
         self.listeners = []           # (socket, handler, settings, its KeyWork, its Turns)
         self.live = 0                 # connections open: pending and relayed
@@ -830,15 +831,15 @@ def prepare_for_serving(max_connections):
 
 def raise_descriptor_limit(max_connections):
     """Raise the soft RLIMIT_NOFILE as far as --max-connections needs (two
-    descriptors a tunnel, and as many again for the pending handshakes, whose
-    limit is the same number): the common default of 1024 would fail
-    connections long before the cap. Warn when the hard limit forbids it."""
+    descriptors a tunnel, and one for each pending handshake, whose limit is
+    four times as many): the common default of 1024 would fail connections long
+    before the cap. Warn when the hard limit forbids it."""
     try:
         import resource
     except ImportError:  # not POSIX: nothing to raise
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 4 * max_connections + 64
+    need = 6 * max_connections + 64
     unlimited = resource.RLIM_INFINITY
     if soft != unlimited and soft < need:
         target = need if hard == unlimited else min(need, hard)
@@ -850,7 +851,7 @@ def raise_descriptor_limit(max_connections):
     if soft != unlimited and soft < need:
         log.warning("only %d file descriptors allowed (ulimit -n); --max-connections=%d "
                     "needs about %d, so connections beyond ~%d will fail",
-                    soft, max_connections, need, (soft - 64) // 4)
+                    soft, max_connections, need, (soft - 64) // 6)
 
 
 def _reset_by(sock, exc):
