@@ -41,6 +41,10 @@ def walk_obfs2(walk):
         print("  %s, 24 + PADLEN = %d bytes" % (label, obfs2.HEADER_LENGTH + obj.padlen))
         for line in present.header_lines(sent, initiator, pad, walk.style):
             print(line)
+        for offset, length, name in ((0, 16, "SEED"), (16, 4, "MAGIC"), (20, 4, "PADLEN"),
+                                     (24, obj.padlen, "padding"), (24 + obj.padlen, None, "data")):
+            walk.record(offset, len(sent) - offset if length is None else length, name,
+                        "client" if initiator else "server")
     print("  The receiver takes the seed, derives the sender's PAD key, checks MAGIC, drops PADLEN bytes;")
     print("  the server read PADLEN %d (Obfs2.peer_padlen), the client read %d."
           % (server.peer_padlen, client.peer_padlen))
@@ -157,6 +161,7 @@ def walk_obfs3(walk):
             ("client", client, server, c_sent, c_pos, "INIT_MAGIC"),
             ("server", server, client, s_sent, s_pos, "RESP_MAGIC")):
         print("  The %s's stream:" % label)
+        walk.side = label
         walk.field(0, 192, "public value", present.hexline(sent[:192], 8), "sent by start()")
         walk.field(192, who.padlen1, "PAD1", present.hexline(sent[192:192 + who.padlen1], 8),
                    "random, sent by start() with the public value")
@@ -209,6 +214,7 @@ def walk_obfs4(walk):
     walk.check(pos > 0 and e is not None and len(walk.exchange.client.pieces[0]) == pos + 32,
                "the client's first write is not X' | P_C | M_C | MAC_C")
     e = e or b"?"
+    walk.side = "client"
     walk.field("offset", "length", "field", "on the wire", "meaning")
     walk.field(0, 32, "X'", present.hexline(c_sent[:32], 8),
                "Elligator2 representative of the client's X25519 key X")
@@ -228,6 +234,7 @@ def walk_obfs4(walk):
     spos = s_sent.find(m_s, 64)
     walk.check(spos > 0 and obfs4.h16(key, s_sent[:spos + 16] + e) == s_sent[spos + 16:spos + 32],
                "MAC_S does not check out")
+    walk.side = "server"
     walk.field("offset", "length", "field", "on the wire", "meaning")
     walk.field(0, 32, "Y'", present.hexline(s_sent[:32], 8), "the server's representative")
     walk.field(32, 32, "AUTH", present.hexline(s_sent[32:64], 8), "proves the server holds b (below)")
