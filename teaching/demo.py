@@ -84,7 +84,9 @@ def main_all(options, settings, record_dir=None, html=None):
         if walk is not None:
             sections.append(pictures.demo_section(walk))
     if html is not None:
-        return draw(sections, html, "every transport", status, side_by_side=True)
+        points = [(section.key, section.first) for section in sections if section.first is not None]
+        return draw(([pictures.overview(points, "Every transport's first write")] if points else [])
+                    + sections, html, "every transport", status, side_by_side=True)
     return status
 
 

@@ -37,8 +37,9 @@ DIRECTIONS = ("client -> server", "server -> client")
 class Section:
     """One part of a page: a heading, a line of words, its figures."""
 
-    def __init__(self, key, heading, summary, figures):
+    def __init__(self, key, heading, summary, figures, first=None):
         self.key, self.heading, self.summary, self.figures = key, heading, summary, figures
+        self.first = first        # the FirstPacket behind it, for a page's overview
 
 
 # --- The drawings ------------------------------------------------------------------------
@@ -318,7 +319,7 @@ def demo_section(walk):
                        "inner writes. Look at how the bars move together."))
     verdict = walk.first.verdict if walk.first is not None else "no first write"
     return Section(name, "demo --transport=%s" % name,
-                   "fully-encrypted test on the first write: %s" % verdict, figures)
+                   "fully-encrypted test on the first write: %s" % verdict, figures, walk.first)
 
 
 def padding_tables(config):
@@ -358,7 +359,7 @@ def capture_sections(command, conversations, tests, notes):
             figures.append(handshake_figure(messages_from(sides, fields, [[0], [1]]),
                                             "Both obfs2 handshakes as unmask read them: the seed in clear, "
                                             "MAGIC and PADLEN under a key made from it, then padding."))
-        if conv.packets is not None:
+        if conv.packets and all(when is not None for flow in conv.packets for when, _ in flow):
             figures.append(sizes_figure(conv.packets, "packet",
                                         "Every TCP packet with data in the capture (the first %d each way)."
                                         % FIRST))
@@ -371,12 +372,16 @@ def capture_sections(command, conversations, tests, notes):
                                 "fully-encrypted test: %s" % (first.verdict if first else "not applicable"),
                                 figures))
     if points:
-        sections.insert(0, Section("map", "%s: every stream" % command, "%d stream(s)" % len(points),
-                                   [map_figure(points, "Each marker is one stream's first packet. The "
-                                               "fully-encrypted test flags the middle box: about 4 set "
-                                               "bits per byte and mostly unprintable, like random "
-                                               "bytes.")]))
+        sections.insert(0, overview(points, "%s: every stream" % command))
     return sections
+
+
+def overview(points, heading):
+    """The section that opens a page of several streams: where each first packet falls."""
+    return Section("map", heading, "%d first packet(s) against the fully-encrypted test" % len(points),
+                   [map_figure(points, "Each marker is one stream's first packet. The fully-encrypted "
+                               "test flags the middle box: about 4 set bits per byte and mostly "
+                               "unprintable, like random bytes; text and TLS fall outside it.")])
 
 
 # --- The page ------------------------------------------------------------------------------

@@ -205,9 +205,9 @@ def gauge(figure, x, y, width, axis_low, axis_high, zones, value, label, reading
     figure.add(text(8, y + 4, label, 12, weight="bold"),
                '<rect x="%.1f" y="%.1f" width="%.1f" height="14" fill="%s"/>' % (x, y - 7, width, LIGHT))
     for low, high in zones:
-        tip = title("exempt from %s to %s" % (number(low), number(high)))
+        says = title("exempt from %s to %s" % (number(low), number(high)))
         figure.add('<rect class="zone" x="%.1f" y="%.1f" width="%.1f" height="14" fill="url(#exempt)">'
-                   '%s</rect>' % (scale(low), y - 7, scale(high) - scale(low), tip))
+                   '%s</rect>' % (scale(low), y - 7, scale(high) - scale(low), says))
     low_end, high_end = ends or (number(axis_low), number(axis_high))
     figure.add(text(x, y + 22, low_end, 10, "middle", colour=GREY),
                text(x + width, y + 22, high_end, 10, "middle", colour=GREY))
