@@ -75,18 +75,16 @@ def main(name, options, settings, record_dir=None, seed=None, html=None):
 def main_all(options, settings, record_dir=None, html=None):
     """``demo --transport=all``: every transport's demo in turn (``options``: {name: its
     options}, in order), and with ``html`` one page that shows them side by side."""
-    sections, status = [], 0
+    walks, status = [], 0
     for number, (name, transport_options) in enumerate(options.items()):
         if number:
             print("\n" + "=" * 100 + "\n")
         one, walk = walk_one(name, transport_options, settings, record_dir)
         status = max(status, one)
-        if walk is not None:
-            sections.append(pictures.demo_section(walk))
-    if html is not None:
-        points = [(section.key, section.first) for section in sections if section.first is not None]
-        return draw(([pictures.overview(points, "Every transport's first write")] if points else [])
-                    + sections, html, "every transport", status, side_by_side=True)
+        walks += [walk] if walk is not None else []
+    if html is not None and walks:
+        return draw([pictures.demo_overview(walks)] + [pictures.demo_section(walk) for walk in walks],
+                    html, "every transport", status, side_by_side=True)
     return status
 
 

@@ -37,9 +37,10 @@ DIRECTIONS = ("client -> server", "server -> client")
 class Section:
     """One part of a page: a heading, a line of words, its figures."""
 
-    def __init__(self, key, heading, summary, figures, first=None):
+    def __init__(self, key, heading, summary, figures, first=None, wide=False):
         self.key, self.heading, self.summary, self.figures = key, heading, summary, figures
         self.first = first        # the FirstPacket behind it, for a page's overview
+        self.wide = wide          # side by side: across the page, above the columns
 
 
 # --- The drawings ------------------------------------------------------------------------
@@ -72,20 +73,22 @@ def sizes_figure(flows, what, caption):
     return figure
 
 
-def handshake_figure(messages, caption):
+def handshake_figure(messages, caption, heading=None, common_scale=False, limit=SHOW_MESSAGES):
     """The first messages as rows, in the order they were sent: who sent it, its size, and
     its fields as proportional segments. ``messages``: (direction index, label, size,
-    [(field, offset, length)])."""
-    shown = messages[:SHOW_MESSAGES]
+    [(field, offset, length)]). ``common_scale``: every row on one scale of bytes (to
+    compare messages), else each row as wide as the drawing (to read its fields)."""
+    shown = messages[:limit]
     rows = [(number, DIRECTIONS[side], label, size, name, offset, length)
             for number, (side, label, size, fields) in enumerate(shown, 1)
             for name, offset, length in fields]
-    figure = svg.Figure("handshake", "The messages, in the order they were sent, field by field",
+    figure = svg.Figure("handshake", heading or "The messages, in the order they were sent, field by field",
                         WIDTH, 70 + 60 * len(shown), caption,
                         (("message", "direction", "what", "bytes", "field", "offset", "length"), rows))
     figure.add(svg.hatch("hatch-0", svg.BLUE), svg.hatch("hatch-1", svg.VERMILLION))
-    figure.add(svg.text(250, 28, "fields, each as wide as its length in bytes (at least 30 px)", 11,
-                        colour=svg.GREY))
+    biggest = max([size for _, _, size, _ in shown] or [1])
+    figure.add(svg.text(250, 28, "fields, each as wide as its length in bytes (at least 30 px)%s"
+                        % ("; one scale for every row" if common_scale else ""), 11, colour=svg.GREY))
     for number, (side, label, size, fields) in enumerate(shown, 1):
         y = 44 + 60 * (number - 1)
         colour, shape, _ = svg.LOOKS[side]
@@ -95,7 +98,10 @@ def handshake_figure(messages, caption):
                    svg.text(26, y + 28, "%s: %d bytes" % (label, size), 12, cls="message-size"))
         segments = [(name, length, "message %d, %s: %s, offset %d, %d bytes"
                      % (number, DIRECTIONS[side], name, offset, length)) for name, offset, length in fields]
-        svg.strip(figure, 250, y, WIDTH - 270, 36, segments, colour, "hatch-%d" % side)
+        wide = WIDTH - 270
+        if common_scale:
+            wide = max(30 * len(segments), wide * size / biggest)
+        svg.strip(figure, 250, y, wide, 36, segments, colour, "hatch-%d" % side)
     if len(messages) > len(shown):
         figure.add(svg.text(26, 62 + 60 * len(shown), "... and %d more messages"
                             % (len(messages) - len(shown)), 12, colour=svg.GREY))
@@ -257,6 +263,14 @@ def records_figure(series, caption):
                        % (x, y_axis(size), bar, y_axis(0) - y_axis(size), fill, colour,
                           svg.title("%s, record %d (%s): %d bytes" % (label, number + 1, DIRECTIONS[side],
                                                                       size))))
+    turn = next((number for number, (side, _) in enumerate(series[0][1][:shown]) if side == 1), None) \
+        if series else None
+    if turn:                       # where the client's records end and the server's begin
+        x = x_axis(turn)
+        figure.add('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-dasharray="6 4"/>'
+                   % (x, y_axis.end - 4, x, y_axis.start, svg.GREY),
+                   svg.text(x - 6, y_axis.end + 10, "<- sent by the client", 11, "end", colour=svg.GREY),
+                   svg.text(x + 6, y_axis.end + 10, "sent by the server ->", 11, colour=svg.GREY))
     svg.legend(figure, 80, 20, [(label, (svg.LOOKS[2 + s][0], "square", "" if s % 2 == 0 else "4 2"))
                                 for s, (label, _) in enumerate(series)])
     return figure
@@ -376,6 +390,31 @@ def capture_sections(command, conversations, tests, notes):
     return sections
 
 
+def demo_overview(walks):
+    """The top of ``demo --transport=all``'s page: every transport's first write against
+    the test, and each side's first write of every transport on one scale."""
+    points = [(walk.name, walk.first) for walk in walks if walk.first is not None]
+    firsts = []
+    for walk in walks:
+        wires = (walk.exchange.client, walk.exchange.server)
+        messages = messages_from([w.pieces for w in wires], [walk.fields["client"], walk.fields["server"]],
+                                 [w.times for w in wires])
+        for side in (0, 1):
+            found = [m for m in messages if m[0] == side][:1]
+            firsts += [(side, "%s, %s" % (walk.name, label), size, fields)
+                       for _, label, size, fields in found]
+    figures = [map_figure(points, "Each marker is one transport's first write. The test flags the middle "
+                          "box (random-looking bytes); webtunnel's TLS and dummy's plain bytes fall "
+                          "outside.")]
+    figures.append(handshake_figure(firsts, "Each transport's first write from each side, on one scale. "
+                                    "Look at the random padding of obfs3 and obfs4, the bare 24 + PADLEN of "
+                                    "obfs2, and webtunnel's TLS records.",
+                                    "The first write of each side, every transport, one scale",
+                                    common_scale=True, limit=len(firsts)))
+    return Section("overview", "Every transport, side by side", "one demo connection each", figures,
+                   wide=True)
+
+
 def overview(points, heading):
     """The section that opens a page of several streams: where each first packet falls."""
     return Section("map", heading, "%d first packet(s) against the fully-encrypted test" % len(points),
@@ -396,24 +435,26 @@ table{border-collapse:collapse;font-size:.85em} td,th{border:1px solid #ccc;padd
 details{margin-top:.3em} summary{cursor:pointer;color:#0a4f80}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:1em;align-items:start}
 .grid>section{border:1px solid #999;border-radius:8px;padding:.4em .8em}
+.pair{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:1em;align-items:start}
 """
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
 def page(heading, intro, sections, side_by_side=False):
     """The whole HTML page as text: nothing in it loads anything."""
-    parts = []
+    wide, columns = [], []
     for section in sections:
-        parts.append('<section id="%s"><h2>%s</h2><p class="summary">%s</p>%s</section>' % (
-            svg.esc(section.key), svg.esc(section.heading), svg.esc(section.summary),
-            "".join(figure.html() for figure in section.figures)))
+        inner = "".join(figure.html() for figure in section.figures)
+        (wide if side_by_side and section.wide else columns).append(
+            '<section id="%s"><h2>%s</h2><p class="summary">%s</p>%s</section>'
+            % (svg.esc(section.key), svg.esc(section.heading), svg.esc(section.summary),
+               '<div class="pair">%s</div>' % inner if side_by_side and section.wide else inner))
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             '<meta http-equiv="Content-Security-Policy" content="%s">'
             '<meta name="viewport" content="width=device-width,initial-scale=1">'
-            '<title>%s</title><style>%s</style></head><body><h1>%s</h1><p>%s</p>%s%s%s</body></html>\n'
-            % (CSP, svg.esc(heading), STYLE, svg.esc(heading), svg.esc(intro),
-               '<div class="grid">' if side_by_side else "", "".join(parts),
-               "</div>" if side_by_side else ""))
+            '<title>%s</title><style>%s</style></head><body><h1>%s</h1><p>%s</p>%s%s</body></html>\n'
+            % (CSP, svg.esc(heading), STYLE, svg.esc(heading), svg.esc(intro), "".join(wide),
+               '<div class="grid">%s</div>' % "".join(columns) if side_by_side else "".join(columns)))
 
 
 def write_page(path, heading, intro, sections, side_by_side=False):

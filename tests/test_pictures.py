@@ -323,6 +323,16 @@ def test_the_all_page_sets_every_transport_side_by_side(all_pages):
     printed = [match.group(1) for match in DEMO_LINE.finditer(out)]
     assert [row[3] for row in overview["rows"]] == printed
     assert [row[0] for row in overview["rows"]] == [name for name in _order(out)]
+    # The comparison on one scale: each side's first write of each transport, as drawn in
+    # that transport's own section.
+    compared, = page.of("handshake", "side by side")
+    for name in KINDS:
+        own, = page.of("handshake", "demo --transport=%s" % name)
+        for direction in pictures.DIRECTIONS:
+            mine = [row[4:] for row in own["rows"] if row[1] == direction and row[2] == "write 1"]
+            there = [row[4:] for row in compared["rows"] if row[1] == direction
+                     and row[2] == "%s, write 1" % name]
+            assert mine == there and mine, (name, direction)
 
 
 def _order(out):
@@ -397,7 +407,8 @@ def browse(page_path, screenshot, width=1400, height=2400):
     """Headless Chromium on ``page_path``: (the DOM it built, its console lines). One run
     saves a screenshot, another dumps the DOM; both log the console to stderr."""
     base = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            "--no-first-run", "--disable-extensions", "--enable-logging=stderr", "--v=0",
+            "--no-first-run", "--disable-extensions", "--disable-dev-shm-usage", "--enable-logging=stderr",
+            "--v=0",
             "--user-data-dir=%s" % (Path(screenshot).parent / "chromium-profile")]
     url = Path(page_path).resolve().as_uri()
     shot = subprocess.run(base + ["--window-size=%d,%d" % (width, height), "--screenshot=%s" % screenshot,
