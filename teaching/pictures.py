@@ -93,9 +93,11 @@ def handshake_figure(messages, caption, heading=None, common_scale=False, limit=
         y = 44 + 60 * (number - 1)
         colour, shape, _ = svg.LOOKS[side]
         arrow = "->" if side == 0 else "<-"
+        who, what = ("%s %s" % (arrow, DIRECTIONS[side]), label) if not common_scale else (
+            "%s: %s" % (label.split(", ")[0], DIRECTIONS[side]), label.split(", ")[-1])
         figure.add(svg.marker(shape, 14, y + 16, colour),
-                   svg.text(26, y + 12, "%d. %s %s" % (number, arrow, DIRECTIONS[side]), 12, weight="bold"),
-                   svg.text(26, y + 28, "%s: %d bytes" % (label, size), 12, cls="message-size"))
+                   svg.text(26, y + 12, "%d. %s" % (number, who), 12, weight="bold"),
+                   svg.text(26, y + 28, "%s: %d bytes" % (what, size), 12, cls="message-size"))
         segments = [(name, length, "message %d, %s: %s, offset %d, %d bytes"
                      % (number, DIRECTIONS[side], name, offset, length)) for name, offset, length in fields]
         wide = WIDTH - 270
@@ -180,7 +182,7 @@ def map_figure(points, caption):
     and the printable share (Ex3). ``points``: (label, FirstPacket)."""
     first = points[0][1]             # the thresholds (class attributes) are every packet's
     figure = svg.Figure("map", "Where each first packet falls: the box in the middle is what gets flagged",
-                        WIDTH, 360, caption,
+                        WIDTH, max(360, 60 + 22 * len(points)), caption,
                         (("stream", "bits/byte", "printable %", "verdict"),
                          [(label, "%.2f" % first.popcount, "%.1f" % (100 * first.printable_share),
                            first.verdict) for label, first in points]))
@@ -205,8 +207,8 @@ def map_figure(points, caption):
         x, y = x_axis(min(first.popcount, 8)), y_axis(100 * first.printable_share)
         figure.add(svg.marker(shape, x, y, colour, 6, "%s: %.2f bits/byte, %.1f%% printable, %s"
                               % (label, first.popcount, 100 * first.printable_share, first.verdict)))
-        figure.add(svg.marker(shape, WIDTH - 200, 40 + 20 * index, colour, 5),
-                   svg.text(WIDTH - 190, 44 + 20 * index, "%s: %s" % (label, first.verdict), 11))
+        figure.add(svg.marker(shape, WIDTH - 200, 40 + 22 * index, colour, 5),
+                   svg.text(WIDTH - 190, 45 + 22 * index, "%s: %s" % (label, first.verdict), 13))
     return figure
 
 

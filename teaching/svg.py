@@ -132,15 +132,15 @@ def frame(figure, x_axis, y_axis, zero_line=False):
         y = y_axis(tick)
         parts.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s"/>'
                      % (x_axis.start, y, x_axis.end, y, "#999999" if tick == 0 and zero_line else LIGHT))
-        parts.append(text(x_axis.start - 6, y + 4, number(abs(tick)), 11, "end", colour=GREY, cls="ytick"))
+        parts.append(text(x_axis.start - 6, y + 4, number(abs(tick)), 12, "end", colour=GREY, cls="ytick"))
     for tick in x_axis.ticks:
         x = x_axis(tick)
-        parts.append(text(x, bottom + 16, number(tick), 11, "middle", colour=GREY, cls="xtick"))
+        parts.append(text(x, bottom + 16, number(tick), 12, "middle", colour=GREY, cls="xtick"))
     parts.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s"/>'
                  % (x_axis.start, bottom, x_axis.end, bottom, GREY))
-    parts.append(text((x_axis.start + x_axis.end) / 2, bottom + 34, x_axis.label, 12, "middle",
+    parts.append(text((x_axis.start + x_axis.end) / 2, bottom + 34, x_axis.label, 13, "middle",
                       cls="xlabel"))
-    parts.append(text(16, (top + bottom) / 2, y_axis.label, 12, "middle", rotate=-90, cls="ylabel"))
+    parts.append(text(16, (top + bottom) / 2, y_axis.label, 13, "middle", rotate=-90, cls="ylabel"))
     figure.add(*parts)
 
 
@@ -149,8 +149,8 @@ def legend(figure, x, y, entries):
     for label, (colour, shape, dash) in entries:
         figure.add('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="2" '
                    'stroke-dasharray="%s"/>' % (x, y, x + 22, y, colour, dash),
-                   marker(shape, x + 11, y, colour), text(x + 28, y + 4, label, 12, cls="legend"))
-        x += 40 + 7 * len(label)
+                   marker(shape, x + 11, y, colour), text(x + 28, y + 4, label, 13, cls="legend"))
+        x += 40 + 7.5 * len(label)
 
 
 def stems(figure, x_axis, y_axis, series):
@@ -178,11 +178,11 @@ def strip(figure, x, y, width, height, segments, colour, pattern):
         figure.add('<g class="segment"><rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" '
                    'stroke="white" stroke-width="1.5" fill-opacity="%s">%s</rect>'
                    % (at, y, wide, height, shade, "1" if index % 2 == 0 else "0.9", title(tip)))
-        fits = int(wide // 6.5)
+        fits = int((wide - 4) // 7.5)          # characters of bold 12 px that fit
         if fits >= 2:
-            figure.add(text(at + wide / 2, y + height / 2 - 1, name[:fits], 11, "middle", "bold",
+            figure.add(text(at + wide / 2, y + height / 2 - 1, name[:fits], 12, "middle", "bold",
                             "white" if index % 2 == 0 else BLACK),
-                       text(at + wide / 2, y + height / 2 + 12, str(length)[:fits], 10, "middle",
+                       text(at + wide / 2, y + height / 2 + 13, str(length)[:fits + 1], 11, "middle",
                             colour="white" if index % 2 == 0 else BLACK), "</g>")
         else:
             figure.add("</g>")
@@ -193,7 +193,7 @@ def hatch(pattern, colour):
     """A <defs> pattern of diagonal lines in ``colour`` on white."""
     return ('<defs><pattern id="%s" width="6" height="6" patternUnits="userSpaceOnUse" '
             'patternTransform="rotate(45)"><rect width="6" height="6" fill="white"/>'
-            '<line x1="0" y1="0" x2="0" y2="6" stroke="%s" stroke-width="3"/></pattern></defs>'
+            '<line x1="0" y1="0" x2="0" y2="6" stroke="%s" stroke-width="2"/></pattern></defs>'
             % (pattern, colour))
 
 
