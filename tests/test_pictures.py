@@ -437,7 +437,7 @@ def test_every_page_renders_in_chromium(tmp_path, all_pages):
         assert status == 0, err
     for name in PAGES:
         dom, console = browse(paths[name], tmp_path / ("%s.png" % name),
-                              *((1900, 1400) if name == "demo-all" else (1000, 2600)))
+                              *((1400, 820) if name == "demo-all" else (1000, 2600)))
         assert console == [], (name, console)
         assert "<svg" in dom and dom.count("<figure") == len(read_page(paths[name]).figures)
         for figure in read_page(paths[name]).figures:
