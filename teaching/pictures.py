@@ -353,7 +353,9 @@ def padding_tables(config):
 
 def record_series(records):
     """webtunnel: [(label, [(direction, bytes)])]: each record's size on the wire (header
-    included) and the bytes it carried once opened, client's records first."""
+    included) and the bytes it carried once opened, client's records first. Another run
+    to compare (record shaping, say) is one more (label, sizes) entry in this list:
+    ``records_figure`` draws as many bars per record as there are series."""
     outer = [(side, 5 + len(r.body)) for side, found in enumerate(records) for r in found]
     inner = [(side, len(r.content)) for side, found in enumerate(records) for r in found]
     return [("on the wire (TLS record)", outer), ("carried inside", inner)]
@@ -372,7 +374,9 @@ def capture_sections(command, conversations, tests, notes):
             fields = [[], []]
             for side, rows in found:
                 fields[side] = rows
-            figures.append(handshake_figure(messages_from(sides, fields, [[0], [1]]),
+            read = [(side, "all it sent", size, parts) for side, _, size, parts
+                    in messages_from(sides, fields, [[0], [1]])]
+            figures.append(handshake_figure(read,
                                             "Both obfs2 handshakes as unmask read them: the seed in clear, "
                                             "MAGIC and PADLEN under a key made from it, then padding."))
         if conv.packets and all(when is not None for flow in conv.packets for when, _ in flow):

@@ -281,6 +281,25 @@ def test_the_test_figure_reads_each_rule_as_capture_does():
         assert "<title>Ex1 set bits per byte: %.2f bits/byte" % first.popcount in svg_text
 
 
+def test_the_records_figure_draws_every_series_it_is_given():
+    """A third series (a shaped run, say) is one more entry: one more bar per record,
+    each bar as tall as its number, in the table and in its <title>."""
+    series = [("on the wire", [(0, 522), (0, 40), (1, 1400)]),
+              ("carried inside", [(0, 500), (0, 18), (1, 1378)]),
+              ("on the wire, shaped", [(0, 1200), (0, 1200), (1, 1200)])]
+    figure = pictures.records_figure(series, "caption")
+    assert [tuple(row) for row in figure.rows] == [(label, number, pictures.DIRECTIONS[side], size)
+                                                   for label, points in series
+                                                   for number, (side, size) in enumerate(points, 1)]
+    bars = re.findall(r'<rect x="[\d.]+" y="([\d.]+)" width="[\d.]+" height="([\d.]+)" fill="[^"]+" '
+                      r'stroke="[^"]+"><title>([^<]*): (\d+) bytes</title>', figure.svg())
+    assert len(bars) == 9
+    _, tallest, _, biggest = max(bars, key=lambda bar: int(bar[3]))
+    per_byte = float(tallest) / int(biggest)
+    for _, height, _, size in bars:
+        assert abs(float(height) - per_byte * int(size)) < 0.5
+
+
 def test_a_page_escapes_what_it_shows_and_loads_nothing(tmp_path):
     first = capture.FirstPacket(b"<script>alert(1)</script>" * 4)
     section = pictures.Section("x", "<b>heading</b>", "a & b", [pictures.test_figure(first, "<i>", "c")])
@@ -367,6 +386,7 @@ def test_unmask_draws_the_obfs2_handshakes_it_read(all_pages):
         drawn = [int(row[6]) for row in figure["rows"] if row[4] == "padding"]
         assert len(drawn) == 2 and all(n in padlens for n in drawn)
         assert [row[4] for row in figure["rows"]][:3] == ["SEED", "MAGIC", "PADLEN"]
+        assert {row[2] for row in figure["rows"]} == {"all it sent"}
 
 
 def test_detect_draws_the_packets_of_a_pcap(tmp_path):
