@@ -247,8 +247,8 @@ def walk_obfs4(walk):
 
     y_u = elligator2_direct(s_sent[:32])
     okm = ntor_section(walk, x_u, y_u, s_sent[32:64])
-    c_frames = frames_section(walk, "client -> server", c_sent[pos + 32:], okm[:72])
-    s_frames = frames_section(walk, "server -> client", s_sent[spos + 32:], okm[72:])
+    c_frames = frames_section(walk, "client -> server", c_sent[pos + 32:], okm[:72], pos + 32)
+    s_frames = frames_section(walk, "server -> client", s_sent[spos + 32:], okm[72:], spos + 32)
     c_data = b"".join(p[3:3 + int.from_bytes(p[1:3], "big")] for *_, p in c_frames if p[0] == 0)
     s_data = b"".join(p[3:3 + int.from_bytes(p[1:3], "big")] for *_, p in s_frames if p[0] == 0)
     walk.check(c_data == MESSAGE and s_data == walk.exchange.echoed,
@@ -353,7 +353,9 @@ def open_frames(wire, key72):
     return frames
 
 
-def frames_section(walk, label, wire, key72):
+def frames_section(walk, label, wire, key72, start=0):
+    """One direction's frames, opened; ``start``: where they begin in that side's stream
+    (each frame is filed there for the pictures)."""
     frames = open_frames(wire, key72)
     walk.title("The frames, %s (%d bytes after the handshake)" % (label, len(wire)))
     print("    offset  L_obf  mask  L = L_obf XOR mask  the packet (L - 16 bytes): type | n | payload "
@@ -365,6 +367,9 @@ def frames_section(walk, label, wire, key72):
               % (pos, l_obf, mask, length, kind, what, n, len(packet) - 3 - n))
     if len(frames) > SHOW_FRAMES:
         print("    ... %d more frames" % (len(frames) - SHOW_FRAMES))
+    for pos, _, _, length, packet in frames:
+        kind = "seed frame" if packet[0] == 1 else "padding" if packet[1:3] == b"\0\0" else "data frame"
+        walk.record(start + pos, 2 + length, kind, label.split()[0])
     walk.check(sum(2 + f[3] for f in frames) == len(wire), "the %s bytes are not whole frames" % label)
     print("  Each frame on the wire is 2 + L bytes. The 2-byte length is masked by a SipHash DRBG")
     print("  seeded from OKM: the wire shows no frame boundary. Type-0 packets with n = 0 are pure")

@@ -110,17 +110,19 @@ def handshake_figure(messages, caption, heading=None, common_scale=False, limit=
     return figure
 
 
-def bytes_figure(first, caption):
+def bytes_figure(first, caption, what="The client's first packet"):
     """The bytes of the packet a ``FirstPacket`` read: value against offset, the printable
     band shaded."""
     packet = first.packet
     shown = packet[:SHOW_BYTES]
-    figure = svg.Figure("first-bytes", "The client's first packet, byte by byte (%d of %d bytes)"
-                        % (len(shown), len(packet)), WIDTH, 300, caption,
+    figure = svg.Figure("first-bytes", "%s, byte by byte (%d of %d bytes)" % (what, len(shown), len(packet)),
+                        WIDTH, 300, caption,
                         (("offset", "byte (hex)", "printable"),
                          [(at, "%02x" % b, "yes" if first.is_printable(b) else "no")
                           for at, b in enumerate(shown)]))
-    x_axis = svg.Axis(0, max(len(shown), 16), 70, WIDTH - 20, "offset in the packet (bytes)")
+    step = 32 if len(shown) > 128 else 16 if len(shown) > 48 else 4
+    x_axis = svg.Axis(0, len(shown), 70, WIDTH - 20, "offset in the packet (bytes)",
+                      ticks=list(range(0, len(shown) + step, step)))
     y_axis = svg.Axis(0, 256, 250, 30, "byte value (0-255)", ticks=[0, 32, 64, 96, 128, 160, 192, 224, 256])
     band_top, band_bottom = y_axis(0x7E), y_axis(0x20)
     figure.add('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" fill-opacity="0.18">%s</rect>'
@@ -384,7 +386,13 @@ def capture_sections(command, conversations, tests, notes):
                                         "Every TCP packet with data in the capture (the first %d each way)."
                                         % FIRST))
         if first is not None:
-            figures.append(bytes_figure(first, "The packet the test reads: the initiator's first."))
+            if conv.first_packets[conv.initiator or 0] is None:
+                figures.append(bytes_figure(first, "A recording has no packet boundaries: the test "
+                                            "reads the initiator's first %d bytes, as detect says."
+                                            % first.length, "The initiator's first bytes"))
+            else:
+                figures.append(bytes_figure(first, "The packet the test reads: the initiator's first.",
+                                            "The initiator's first packet"))
             figures.append(test_figure(first, "stream %d's first packet" % number, "Each row is one "
                                        "exemption of the test, in order (%s)." % first.SOURCE))
             points.append(("stream %d" % number, first))

@@ -242,6 +242,16 @@ def test_every_number_drawn_is_one_the_demo_printed(tmp_path, transport):
     check_test(page.of("test")[0], DEMO_LINE.search(out), packet)
 
     if transport == "obfs4":
+        # Each side's second write is its frames after the handshake (the server's seed frame
+        # rode in its first), as the walk opened and listed them: 2 + L bytes each.
+        for direction in pictures.DIRECTIONS:
+            table = out.split("The frames, %s" % direction, 1)[1].split("Each frame on the wire", 1)[0]
+            listed = [2 + int(length) for length in
+                      re.findall(r"\n +\d+  [0-9a-f]{4}   [0-9a-f]{4}  +(\d+)  +type ", table)]
+            frames = messages[next(key for key in messages if key[1] == direction and key[2] == "write 2")]
+            assert frames and {f[0] for f in frames} <= {"data frame", "padding", "seed frame"}
+            drawn = [length for _, _, length in frames]
+            assert drawn == listed[len(listed) - len(drawn):], (direction, drawn, listed)
         seed = bytes.fromhex(re.search(r"carries its drbg-seed, ([0-9a-f]{48})", out).group(1))
         other = hashlib.sha256(b"another bridge " + seed).digest()[:24]
         padding, = page.of("padding")
