@@ -118,10 +118,10 @@ class Figure:
         rows = "".join("<tr>%s</tr>" % "".join("<td>%s</td>" % esc(cell) for cell in row)
                        for row in self.rows)
         return ('<figure class="drawing" data-figure="%s"><h3>%s</h3>%s<figcaption>%s</figcaption>'
-                '<details><summary>The numbers drawn (%d rows)</summary><table><thead><tr>%s</tr></thead>'
+                '<details><summary>The numbers drawn (%d row%s)</summary><table><thead><tr>%s</tr></thead>'
                 '<tbody>%s</tbody></table></details></figure>'
                 % (esc(self.kind), esc(self.heading), self.svg(), esc(self.caption), len(self.rows),
-                   head, rows))
+                   "" if len(self.rows) == 1 else "s", head, rows))
 
 
 def frame(figure, x_axis, y_axis, zero_line=False):
