@@ -388,11 +388,13 @@ def capture_sections(command, conversations, tests, notes):
         if first is not None:
             if conv.first_packets[conv.initiator or 0] is None:
                 figures.append(bytes_figure(first, "A recording has no packet boundaries: the test "
-                                            "reads the initiator's first %d bytes, as detect says."
+                                            "reads the initiator's first %d bytes, as detect says. This "
+                                            "page holds them: share it as you would the recording."
                                             % first.length, "The initiator's first bytes"))
             else:
-                figures.append(bytes_figure(first, "The packet the test reads: the initiator's first.",
-                                            "The initiator's first packet"))
+                figures.append(bytes_figure(first, "The packet the test reads: the initiator's first. "
+                                            "This page holds its bytes: share it as you would the "
+                                            "capture.", "The initiator's first packet"))
             figures.append(test_figure(first, "stream %d's first packet" % number, "Each row is one "
                                        "exemption of the test, in order (%s)." % first.SOURCE))
             points.append(("stream %d" % number, first))
