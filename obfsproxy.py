@@ -32,6 +32,7 @@ Commands:
 Transports and their options:
   --transport=NAME              TRANSPORT_NAMES (default obfs4).
                                 dummy passes bytes unchanged (the baseline).
+                                demo: all runs every transport, one after another.
   --bridge=LINE                 client: a pasted bridge line, e.g. "obfs4
                                 192.0.2.1:443 FINGERPRINT cert=... iat-mode=0";
                                 sets --transport, the bridge and its arguments.
@@ -62,6 +63,8 @@ Other options:
                                 (for teaching and debugging only).
   --full                        unmask: print whole streams, not their first 512 bytes.
   --output-dir=DIR              unmask: also write the decrypted streams to DIR.
+  --html=FILE                   demo, unmask, detect: also draw what they show, on
+                                one HTML page any browser opens (it loads nothing).
   --log-file=PATH               Write the log to PATH (owner-only) instead of stderr.
   --log-min-severity=LEVEL      error, warning (or warn), notice, info or debug
                                 (default notice).
@@ -192,6 +195,7 @@ MODE_OPTIONS = {
     "--record-dir": SERVING + ("demo",),
     "--full": ("unmask",),
     "--output-dir": ("unmask",),
+    "--html": ("demo", "unmask", "detect"),
     "--log-file": SERVING,
     "--log-min-severity": SERVING,
     "--no-safe-logging": SERVING,
@@ -570,9 +574,15 @@ def dispatch(args, mode):
         except ImportError as error:
             return teaching_absent(error, mode)
         name = args["--transport"] or DEFAULT_TRANSPORT
+        if name == "all":                  # each transport with the options that are its own
+            settings, _ = base_settings(args, DEFAULT_TRANSPORT)
+            found = options_by_transport(args, None)
+            return demo.main_all({each: found.get(each, {}) for each in transports.TRANSPORTS}, settings,
+                                 args["--record-dir"], args["--html"])
         transport_class("--transport", name)
         settings, _ = base_settings(args, name)
-        return demo.main(name, transport_options(args, name), settings, args["--record-dir"])
+        return demo.main(name, transport_options(args, name), settings, args["--record-dir"],
+                         html=args["--html"])
     if mode == "managed":
         import managed
         settings, max_connections = base_settings(args, args["--transport"] or DEFAULT_TRANSPORT)
@@ -589,7 +599,7 @@ def dispatch(args, mode):
         more = {"iterations": int(options["ss-hash-iterations"])} if "ss-hash-iterations" in options else {}
         return capture.main(mode, args["<capture>"], options.get("shared-secret"),
                             full=args["--full"], output_dir=args["--output-dir"],
-                            state_dir=args["--state-dir"], **more)
+                            state_dir=args["--state-dir"], html=args["--html"], **more)
     return run_external(args, mode)
 
 

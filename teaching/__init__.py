@@ -9,6 +9,8 @@ managed), so a machine that only serves traffic needs just them.
     demo_obfs.py       the walks through obfs2, obfs3 and obfs4
     demo_webtunnel.py  the walk through webtunnel, with the certificate the demo makes
     present.py         the terminal presentation: hex dumps, field rows, colours
+    pictures.py        --html: what the three commands showed, drawn on one page
+    svg.py             the drawings as inline SVG: axes, stems, strips, gauges
     capture.py         the passive attacks: ``unmask`` and ``detect``
     pcap.py            reading captures: pcap, IP/TCP, reassembly, recordings
     tlswire.py         TLS records, the ClientHello, SNI and JA4

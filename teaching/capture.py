@@ -123,10 +123,17 @@ def is_printable(byte):
 class FirstPacket:
     """The figures of one packet that the fully-encrypted test reads, and its verdict.
 
-    ``rule`` is "Ex1" .. "Ex5" for the exemption that applied first, or None: flagged.
+    ``rule`` is "Ex1" .. "Ex5" for the exemption that applied first, or None: flagged;
+    ``rules`` says of each whether it applied. The thresholds ride along as class
+    attributes, for whoever draws them (pictures.py).
     """
 
+    POPCOUNT_LOW, POPCOUNT_HIGH, PRINTABLE_PREFIX = POPCOUNT_LOW, POPCOUNT_HIGH, PRINTABLE_PREFIX
+    PRINTABLE_SHARE, PRINTABLE_RUN, SOURCE = PRINTABLE_SHARE, PRINTABLE_RUN, WU_2023
+    is_printable = staticmethod(is_printable)
+
     def __init__(self, packet):
+        self.packet = bytes(packet)
         self.length = len(packet)
         bits = sum(bin(byte).count("1") for byte in packet)
         self.popcount = bits / len(packet) if packet else 0.0
@@ -143,12 +150,12 @@ class FirstPacket:
             self.looks_like = "HTTP"
         else:
             self.looks_like = None
-        rules = [("Ex1", not POPCOUNT_LOW < self.popcount < POPCOUNT_HIGH),
-                 ("Ex2", self.prefix_printable),
-                 ("Ex3", self.printable_share > PRINTABLE_SHARE),
-                 ("Ex4", self.longest_run > PRINTABLE_RUN),
-                 ("Ex5", self.looks_like is not None)]
-        self.rule = next((name for name, applies in rules if applies), None)
+        self.rules = [("Ex1", not POPCOUNT_LOW < self.popcount < POPCOUNT_HIGH),    # (name, applies)
+                      ("Ex2", self.prefix_printable),
+                      ("Ex3", self.printable_share > PRINTABLE_SHARE),
+                      ("Ex4", self.longest_run > PRINTABLE_RUN),
+                      ("Ex5", self.looks_like is not None)]
+        self.rule = next((name for name, applies in self.rules if applies), None)
 
     @property
     def verdict(self):
@@ -495,6 +502,20 @@ def explain_tls(conv, index, hello):
 
 # --- Commands ----------------------------------------------------------------------
 
+def draw(command, conversations, tests, drawn, path, out):
+    """With ``path``: the page of pictures (pictures.py) of what was just printed; 0.
+    OSError (the page cannot be written) is main's to report."""
+    if path is None:
+        return 0
+    from teaching import pictures  # only here: the text commands need no drawing
+    size = pictures.write_page(path, "obfsproxy.py %s, drawn" % command,
+                               "Each stream of the capture as %s read it: the same numbers it printed."
+                               % command, pictures.capture_sections(command, conversations, tests, drawn))
+    print("Pictures: %s (%d bytes, one page, nothing to load: open it in any browser)." % (path, size),
+          file=out)
+    return 0
+
+
 FULLY_ENCRYPTED_NOTE = textwrap.fill(
     "The fully-encrypted test is a reconstruction of a published measurement of the Great "
     "Firewall of China (%s), not the censor's code. It reads the client's first data packet "
@@ -507,7 +528,8 @@ NO_MAGIC_HINT = ("random from the first byte, with no magic: obfs3, obfs4 and ob
                  "secret look like this (`unmask` says why none gives its keys away)")
 
 
-def run_detect(conversations, secret_hash, iterations, out):
+def run_detect(conversations, secret_hash, iterations, out, tests=None):
+    """Print what each conversation is; ``tests`` (a list) receives each one's FirstPacket."""
     total = Work()
     count = flagged = tls_streams = 0
     for number, conv in enumerate(conversations, 1):
@@ -518,6 +540,8 @@ def run_detect(conversations, secret_hash, iterations, out):
         total.aes_blocks += work.aes_blocks
         total.seconds += work.seconds
         first, encrypted = fully_encrypted_test(conv)
+        if tests is not None:
+            tests.append(first)
         flagged += first is not None and first.rule is None
         print("stream %d  %s  (%d / %d bytes)" % (number, conv.name, len(conv.streams[0]),
                                                   len(conv.streams[1])), file=out)
@@ -548,9 +572,10 @@ def run_detect(conversations, secret_hash, iterations, out):
     return 0
 
 
-def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out, bridge=None):
+def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out, bridge=None, drawn=None):
     """Print one connection's handshakes, keys and decrypted streams, or why there
-    are none. Returns True when it could be unmasked."""
+    are none. Returns True when it could be unmasked. ``drawn`` (a list) receives the
+    fields of the obfs2 handshakes read, [(side, [(offset, length, name)])], for the pictures."""
     def say(line=""):
         print(line, file=out)
 
@@ -559,7 +584,13 @@ def unmask_one(conv, secret_hash, iterations, full, output_dir, number, out, bri
         say("note: %s" % note)
     sides, work = examine(conv, secret_hash, iterations)
     found = [side for side in sides if side.initiator is not None]
-    if len(found) == 2 and found[0].initiator != found[1].initiator:
+    unmasked = len(found) == 2 and found[0].initiator != found[1].initiator
+    if drawn is not None:
+        drawn.append([(index, [(0, 16, "SEED"), (16, 4, "MAGIC"), (20, 4, "PADLEN"),
+                               (24, side.padlen, "padding"),
+                               (24 + side.padlen, len(side.data) - 24 - side.padlen, "data")])
+                      for index, side in enumerate(sides) if unmasked])
+    if unmasked:
         for line in unmask_obfs2(conv, found, work, secret_hash, iterations, full, output_dir, number):
             say(line)                   # line by line: --full on a big capture prints as it goes
         return True
@@ -645,7 +676,7 @@ def write_private(target, data):
 
 
 def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=False,
-         output_dir=None, state_dir=None, out=None):
+         output_dir=None, state_dir=None, out=None, html=None):
     """``obfsproxy.py unmask|detect [options] <capture>...``; returns the exit status.
 
     No transport is given, and none is needed: every stream is tried against
@@ -654,7 +685,8 @@ def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=Fal
     shared secret (str, "" or None: none) and hash rounds, tried beside the
     public key schedule. ``state_dir``: an obfs4 bridge's state directory
     (unmask). ``full``, ``output_dir``: unmask's output. ``out``: where the
-    report goes (stdout); errors go to stderr, one line.
+    report goes (stdout); errors go to stderr, one line. ``html``: also draw the
+    streams on one page (pictures.py), written to that path.
 
     Exit status:
       0  the capture was read, and every stream in it was either unmasked or
@@ -675,8 +707,10 @@ def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=Fal
         for description in descriptions:
             print(description, file=out)
         print(file=out)
+        tests, drawn = [], []
         if command == "detect":
-            return run_detect(conversations, secret_hash, iterations, out)
+            status = run_detect(conversations, secret_hash, iterations, out, tests)
+            return draw(command, conversations, tests, [[]] * len(tests), html, out) or status
         if output_dir:
             Path(output_dir).mkdir(parents=True, exist_ok=True)
         if not conversations:
@@ -687,12 +721,13 @@ def main(command, paths, secret=None, iterations=obfs2.HASH_ITERATIONS, full=Fal
             if number > 1:
                 print(file=out)
             unmasked += unmask_one(conv, secret_hash, iterations, full,
-                                   output_dir, number, out, bridge)
+                                   output_dir, number, out, bridge, drawn)
         print(file=out)
         print("%d of %d connection(s) unmasked%s." % (
             unmasked, len(conversations), "" if unmasked == len(conversations)
             else "; each of the others says above why it cannot be"), file=out)
-        return 0
+        return draw(command, conversations, [fully_encrypted_test(conv)[0] for conv in conversations],
+                    drawn, html, out)
     except CaptureError as exc:
         print("obfsproxy.py %s: %s" % (command, exc), file=sys.stderr)
         return 1

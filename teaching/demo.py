@@ -48,7 +48,7 @@ import sys
 import textwrap
 
 from outbound import format_address
-from teaching import capture, demo_obfs, demo_webtunnel, present
+from teaching import capture, demo_obfs, demo_webtunnel, pictures, present
 from teaching.demo_base import (
     MESSAGE,
     SHOW_FRAMES,
@@ -59,18 +59,57 @@ from teaching.demo_base import (
 )
 
 
-def main(name, options, settings, record_dir=None, seed=None):
+def main(name, options, settings, record_dir=None, seed=None, html=None):
     """``obfsproxy.py demo``: 0 when the message came back byte for byte and every value
     shown checked out. A transport without a walk of its own (``WALKS``) gets the
     generic one: every piece each side put on the wire, and the checks that hold
     for any transport. ``seed``: the random choices come from it (demo_base.seeded),
-    so a run can be repeated; None (the command) draws from the CSPRNG."""
+    so a run can be repeated; None (the command) draws from the CSPRNG. ``html``: also
+    draw the walk on one page (pictures.py), written to that path."""
+    status, walk = walk_one(name, options, settings, record_dir, seed)
+    if html is not None and walk is not None:
+        return draw([pictures.demo_section(walk)], html, name, status)
+    return status
+
+
+def main_all(options, settings, record_dir=None, html=None):
+    """``demo --transport=all``: every transport's demo in turn (``options``: {name: its
+    options}, in order), and with ``html`` one page that shows them side by side."""
+    walks, status = [], 0
+    for number, (name, transport_options) in enumerate(options.items()):
+        if number:
+            print("\n" + "=" * 100 + "\n")
+        one, walk = walk_one(name, transport_options, settings, record_dir)
+        status = max(status, one)
+        walks += [walk] if walk is not None else []
+    if html is not None and walks:
+        return draw([pictures.demo_overview(walks)] + [pictures.demo_section(walk) for walk in walks],
+                    html, "every transport", status, side_by_side=True)
+    return status
+
+
+def draw(sections, path, what, status, side_by_side=False):
+    """Write the page of ``sections`` to ``path``: the demo's status, or 1 if it cannot."""
+    try:
+        size = pictures.write_page(path, "obfsproxy.py demo: %s, drawn" % what,
+                                   "What crossed the wire of one connection on 127.0.0.1, per transport: "
+                                   "the same numbers the demo printed.", sections, side_by_side)
+    except OSError as exc:
+        print("FAILED: the pictures could not be written to %s: %s" % (path, exc.strerror or exc))
+        return 1
+    print("Pictures: %s (%d bytes, one page, nothing to load: open it in any browser)." % (path, size))
+    return status
+
+
+def walk_one(name, options, settings, record_dir=None, seed=None):
+    """Run and walk through one connection: (exit status, the Walk, or None if the
+    connection did not work)."""
     style = present.Style.for_stream(sys.stdout)
     try:
         exchange = run_exchange(name, options, settings, STAGES.get(name), seed)
     except (RuntimeError, OSError, ValueError) as exc:
         print(style("bad", "FAILED: the demo connection did not work: %s" % exc))
-        return 1
+        return 1, None
     walk = Walk(name, exchange, style)
     echo_address, server_address, client_address = exchange.addresses
     print(style("title", "obfsproxy.py demo: the %s tunnel on 127.0.0.1, in one process" % name))
@@ -92,10 +131,10 @@ def main(name, options, settings, record_dir=None, seed=None):
     for problem in walk.problems:
         print(style("bad", "FAILED: %s" % problem))
     if walk.problems:
-        return 1
+        return 1, walk
     print(style("ok", "OK") + ": the message crossed the tunnel and came back byte for byte, and "
           "every value shown checked out (%.2f s). More: docs/PROTOCOL.md" % exchange.seconds)
-    return 0
+    return 0, walk
 
 
 def filters(walk):
@@ -112,6 +151,7 @@ def filters(walk):
           % (present.entropy(MESSAGE), present.entropy(wire)))
     first_piece = walk.exchange.client.pieces[0] if walk.exchange.client.pieces else b""
     first = capture.FirstPacket(first_piece)
+    walk.first = first if first_piece else None
     print("  The fully-encrypted test (the Great Firewall since November 2021, as %s" % capture.WU_2023)
     print("  measured it; `obfsproxy.py detect` runs it) on the client's first write, %d bytes:"
           % len(first_piece))

@@ -34,17 +34,20 @@ SHOW_FRAMES = 6           # frames listed per direction
 
 class Wire:
     """One side of the demo connection: its transport, and what it put on the wire,
-    piece by piece (each start(), data_to_send(), send() result or paced piece)."""
+    piece by piece (each start(), data_to_send(), send() result or paced piece), and when
+    (``times``: the demo's perf_counter as each piece was made; a paced piece at the time
+    its pauses put it on the wire)."""
 
     def __init__(self, transport):
         self.transport = transport
-        self.pieces, self.delays = [], []
+        self.pieces, self.delays, self.times = [], [], []
         self.received = bytearray()
         self.secret = None        # obfs4: the ephemeral private key, kept by the demo only
 
     def sent_piece(self, data):
         if data:
             self.pieces.append(bytes(data))
+            self.times.append(time.perf_counter())
 
     @property
     def sent(self):
@@ -61,6 +64,11 @@ class _Recorder(transports.Recorder):
     def send_paced(self, data):
         pieces = transports.Recorder.send_paced(self, data)
         self.wire.delays.extend(delay for _, delay in pieces)
+        delays = [delay for piece, delay in pieces if piece]     # each piece waits for the ones before
+        times, waited = self.wire.times, 0.0
+        for index, delay in enumerate(delays):
+            times[len(times) - len(delays) + index] += waited
+            waited += delay
         return pieces
 
 
@@ -259,6 +267,11 @@ class Walk:
         self.problems = []
         self.section = 0
         self.observed = name      # which OBSERVER entry ends the walk
+        # What the pictures draw (--html), as the walk printed it: the fields of each side's
+        # stream, [(offset, length, name)], filed under ``side`` by ``field`` and ``record``;
+        # the fully-encrypted test on the first write; webtunnel's opened records.
+        self.side, self.fields = None, {"client": [], "server": []}
+        self.first = self.records = None
 
     def title(self, text):
         self.section += 1
@@ -275,6 +288,14 @@ class Walk:
 
     def field(self, offset, length, name, wire, meaning):
         print(present.field_row(offset, length, name, wire, meaning, self.style))
+        self.record(offset, length, name)
+
+    def record(self, offset, length, name, side=None):
+        """File a field of ``side``'s stream (default: the side set last) for the pictures;
+        a header row (offset not a number) is not a field."""
+        side = side or self.side
+        if side in self.fields and isinstance(offset, int) and isinstance(length, int):
+            self.fields[side].append((offset, length, name))
 
 
 def hexblock(data, indent="      ", width=32):

@@ -41,6 +41,10 @@ def walk_obfs2(walk):
         print("  %s, 24 + PADLEN = %d bytes" % (label, obfs2.HEADER_LENGTH + obj.padlen))
         for line in present.header_lines(sent, initiator, pad, walk.style):
             print(line)
+        for offset, length, name in ((0, 16, "SEED"), (16, 4, "MAGIC"), (20, 4, "PADLEN"),
+                                     (24, obj.padlen, "padding"), (24 + obj.padlen, None, "data")):
+            walk.record(offset, len(sent) - offset if length is None else length, name,
+                        "client" if initiator else "server")
     print("  The receiver takes the seed, derives the sender's PAD key, checks MAGIC, drops PADLEN bytes;")
     print("  the server read PADLEN %d (Obfs2.peer_padlen), the client read %d."
           % (server.peer_padlen, client.peer_padlen))
@@ -157,6 +161,7 @@ def walk_obfs3(walk):
             ("client", client, server, c_sent, c_pos, "INIT_MAGIC"),
             ("server", server, client, s_sent, s_pos, "RESP_MAGIC")):
         print("  The %s's stream:" % label)
+        walk.side = label
         walk.field(0, 192, "public value", present.hexline(sent[:192], 8), "sent by start()")
         walk.field(192, who.padlen1, "PAD1", present.hexline(sent[192:192 + who.padlen1], 8),
                    "random, sent by start() with the public value")
@@ -209,6 +214,7 @@ def walk_obfs4(walk):
     walk.check(pos > 0 and e is not None and len(walk.exchange.client.pieces[0]) == pos + 32,
                "the client's first write is not X' | P_C | M_C | MAC_C")
     e = e or b"?"
+    walk.side = "client"
     walk.field("offset", "length", "field", "on the wire", "meaning")
     walk.field(0, 32, "X'", present.hexline(c_sent[:32], 8),
                "Elligator2 representative of the client's X25519 key X")
@@ -228,6 +234,7 @@ def walk_obfs4(walk):
     spos = s_sent.find(m_s, 64)
     walk.check(spos > 0 and obfs4.h16(key, s_sent[:spos + 16] + e) == s_sent[spos + 16:spos + 32],
                "MAC_S does not check out")
+    walk.side = "server"
     walk.field("offset", "length", "field", "on the wire", "meaning")
     walk.field(0, 32, "Y'", present.hexline(s_sent[:32], 8), "the server's representative")
     walk.field(32, 32, "AUTH", present.hexline(s_sent[32:64], 8), "proves the server holds b (below)")
@@ -240,8 +247,8 @@ def walk_obfs4(walk):
 
     y_u = elligator2_direct(s_sent[:32])
     okm = ntor_section(walk, x_u, y_u, s_sent[32:64])
-    c_frames = frames_section(walk, "client -> server", c_sent[pos + 32:], okm[:72])
-    s_frames = frames_section(walk, "server -> client", s_sent[spos + 32:], okm[72:])
+    c_frames = frames_section(walk, "client -> server", c_sent[pos + 32:], okm[:72], pos + 32)
+    s_frames = frames_section(walk, "server -> client", s_sent[spos + 32:], okm[72:], spos + 32)
     c_data = b"".join(p[3:3 + int.from_bytes(p[1:3], "big")] for *_, p in c_frames if p[0] == 0)
     s_data = b"".join(p[3:3 + int.from_bytes(p[1:3], "big")] for *_, p in s_frames if p[0] == 0)
     walk.check(c_data == MESSAGE and s_data == walk.exchange.echoed,
@@ -346,7 +353,9 @@ def open_frames(wire, key72):
     return frames
 
 
-def frames_section(walk, label, wire, key72):
+def frames_section(walk, label, wire, key72, start=0):
+    """One direction's frames, opened; ``start``: where they begin in that side's stream
+    (each frame is filed there for the pictures)."""
     frames = open_frames(wire, key72)
     walk.title("The frames, %s (%d bytes after the handshake)" % (label, len(wire)))
     print("    offset  L_obf  mask  L = L_obf XOR mask  the packet (L - 16 bytes): type | n | payload "
@@ -358,6 +367,9 @@ def frames_section(walk, label, wire, key72):
               % (pos, l_obf, mask, length, kind, what, n, len(packet) - 3 - n))
     if len(frames) > SHOW_FRAMES:
         print("    ... %d more frames" % (len(frames) - SHOW_FRAMES))
+    for pos, _, _, length, packet in frames:
+        kind = "seed frame" if packet[0] == 1 else "padding" if packet[1:3] == b"\0\0" else "data frame"
+        walk.record(start + pos, 2 + length, kind, label.split()[0])
     walk.check(sum(2 + f[3] for f in frames) == len(wire), "the %s bytes are not whole frames" % label)
     print("  Each frame on the wire is 2 + L bytes. The 2-byte length is masked by a SipHash DRBG")
     print("  seeded from OKM: the wire shows no frame boundary. Type-0 packets with n = 0 are pure")

@@ -418,6 +418,7 @@ def walk_webtunnel(walk):
     if not opened:
         return
     c_records, s_records = opened
+    walk.records = opened
     c_plain, s_plain = application_data(c_records), application_data(s_records)
     request, response = upgrade_section(walk, c_plain, s_plain, "inside TLS, as the key log opened it")
     stream_section(walk, c_records, c_plain[len(request):], s_plain[len(response):])
@@ -463,6 +464,7 @@ def client_hello_section(walk):
     walk.title("The ClientHello: the client's first write, %d bytes, in clear" % len(first))
     if not walk.check(hello is not None, "the client's first write is not a ClientHello"):
         return None
+    walk.side = "client"
     walk.field("offset", "length", "field", "on the wire", "meaning")
     walk.field(0, 5, "record", present.hexline(first[:5]),
                "handshake (22), 03 01, length %d" % int.from_bytes(first[3:5], "big"))
@@ -600,7 +602,7 @@ def records_table(walk, label, records, end, total, head_length, head_name):
     """One direction's records: the header a censor reads, and what the key log opened."""
     walk.title("Every record, %s: what a censor sees, and what it held" % label)
     print("    offset  header: type       length   inside (opened with the key log)")
-    carried = 0
+    carried, walk.side = 0, label.split()[0]
     for record in records:
         if record.kind != tlswire.APPLICATION_DATA:
             inside = ("in clear: %s" % HANDSHAKE_TYPES.get(record.body[0], "?")
@@ -623,6 +625,7 @@ def records_table(walk, label, records, end, total, head_length, head_name):
             inside = "content type %d" % record.inner
         print("    %6d  %-18s %6d   %s" % (record.offset, tlswire.RECORD_TYPES.get(record.kind, "?"),
                                           len(record.body), inside))
+        walk.record(record.offset, 5 + len(record.body), tlswire.RECORD_TYPES.get(record.kind, "?"))
         walk.check(record.inner is not None,
                    "the record %s at offset %d did not open" % (label, record.offset))
     walk.check(end == total, "the %s bytes are not whole records" % label)

@@ -106,6 +106,18 @@ def test_the_demo_of_every_transport(pyz, elsewhere, transport):
     assert last.startswith("OK: "), last
 
 
+def test_the_demo_draws_its_page_bare(pyz, elsewhere):
+    """demo --html from the archive on a bare Python: one page, every drawing, nothing
+    loaded from anywhere (no script, no link, no font; the page forbids them)."""
+    done = run_pyz(pyz, elsewhere, "demo", "--transport=obfs4", "--html=obfs4.html")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, (done.stdout[-2000:], done.stderr[-2000:])
+    assert done.stdout.rstrip().splitlines()[-1].startswith("Pictures: obfs4.html (")
+    page = (elsewhere / "obfs4.html").read_text(encoding="utf-8")
+    for kind in ("handshake", "sizes", "first-bytes", "test", "padding"):
+        assert 'data-figure="%s"' % kind in page
+    assert "default-src 'none'" in page and not re.search(r"<(script|link|img|iframe)\b", page)
+
+
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory):
     """A --record-dir recording of one obfs2 connection, made in memory."""
