@@ -58,12 +58,13 @@ The server, step by step (``initiator=False``)
 3. Refuse (400) what RFC 9112 refuses: an HTTP/1.1 request without exactly one
    ``Host``, several ``Content-Length`` fields, ``Content-Length`` with
    ``Transfer-Encoding``. Then require method ``GET``, ``HTTP/1.1``, the path of
-   ``url=`` as a reverse proxy passes it on (``path_matches``: unchanged, or with a
-   leading part cut off at a "/", down to "/"; percent-escapes, "//" and dot
-   segments read as nginx reads them; a query string is ignored), a ``Connection``
-   list holding ``upgrade`` and an ``Upgrade`` list holding ``websocket``. The
-   upstream Go server checks only the two headers and leaves the path to the
-   proxy; checking it here still refuses every path a front should not have passed.
+   ``url=`` (``path_matches``: that path and no other, percent-escapes, "//" and dot
+   segments read as nginx reads them; a query string is ignored) or, behind a front
+   that rewrites it, the path given in ``bridge-path=``, a ``Connection`` list
+   holding ``upgrade`` and an ``Upgrade`` list holding ``websocket``. The upstream
+   Go server checks only the two headers and leaves the path to the proxy; checking
+   it here refuses every path a front should not have passed, and is all that
+   guards the bridge when it is the front itself (``tls-cert=``).
 4. Answer exactly::
 
        HTTP/1.1 101 Switching Protocols\r\n
@@ -197,7 +198,7 @@ REFUSED_CLIENT_OPTIONS = {
     "sni-imitation": "sni-imitation= (a different SNI than the certificate's name) is not supported "
                      "by this implementation: remove sni-imitation= and give the name in servername=",
 }
-SERVER_OPTIONS = ("url", "tls-cert", "tls-key")
+SERVER_OPTIONS = ("url", "tls-cert", "tls-key", "bridge-path")
 
 
 class ProtocolError(Exception):
@@ -227,8 +228,8 @@ def _parse_url(url):
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as exc:     # urlsplit's words name the part (a bad port, a bracket)
-        raise ValueError("url= is not a valid URL (%s)" % exc)
+    except ValueError as exc:     # urlsplit's own words may quote the host or the port
+        raise ValueError("url= is not a valid URL (%s)" % _url_error_words(str(exc)))
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         raise ValueError("url=: the scheme must be https (or http, without TLS), not %r"
@@ -239,6 +240,17 @@ def _parse_url(url):
         raise ValueError("url=: the host holds a character no host name has "
                          "(a space, a backslash, a quote, ...)")
     return scheme, parts, port or (443 if scheme == "https" else 80)
+
+
+def _url_error_words(text):
+    """urlsplit's complaint in words that quote no part of url= (which it may echo)."""
+    if "IPv6" in text:
+        return "a bracket in the host is not closed, or not an IPv6 address"
+    if "Port" in text or "port" in text:
+        return "the port is not a number from 0 to 65535"
+    if "NFKC" in text:
+        return "the host holds characters that change under NFKC normalization"
+    return "it does not parse as one"
 
 
 # url= carries the secret path (a bearer token) and the bridge's host, which the log
@@ -401,10 +413,11 @@ class ServerConfig:
     ``clock`` (seconds since the epoch) dates the error pages, as a web server does."""
 
     url: str
-    target: str                       # the path a client must ask for
+    target: str                       # the one path that gets a 101: url='s, or bridge-path=
     context: Optional[ssl.SSLContext]   # None: plain HTTP behind a reverse proxy
     notes: Tuple[str, ...] = ()
     clock: Optional[Callable[[], float]] = None     # None: pages carry no Date
+    rewritten: bool = False           # target is bridge-path= (the front rewrites url='s path)
 
 
 def client_config(options):
@@ -464,10 +477,17 @@ def server_config(options, state_dir=None):
     if not url:
         raise ValueError("missing url parameter")
     _parse_url(url)
+    target = request_target(url)
+    if not _segments(target):
+        raise ValueError("url= has no path: the secret path is the bridge's only secret "
+                         "(url=https://HOST/SECRET, a long random SECRET)")
     cert, key = options.get("tls-cert"), options.get("tls-key")
     if bool(cert) != bool(key):
         raise ValueError("tls-cert= and tls-key= go together (give both to terminate TLS here, "
                          "or neither to serve plain HTTP behind a reverse proxy)")
+    rewritten = "bridge-path" in options
+    if rewritten:
+        target = _bridge_path(options["bridge-path"], bool(cert))
     context = None
     if cert:
         for option, path in (("tls-cert", cert), ("tls-key", key)):
@@ -480,8 +500,24 @@ def server_config(options, state_dir=None):
                              % (cert, key, exc.reason or exc))
         except OSError as exc:
             raise OSError("tls-cert=%s, tls-key=%s: %s" % (cert, key, exc.strerror or exc))
-    config = ServerConfig(url=url, target=request_target(url), context=context, clock=time.time)
+    config = ServerConfig(url=url, target=target, context=context, clock=time.time,
+                          rewritten=rewritten)
     return config, {"url": url, "ver": VERSION}
+
+
+def _bridge_path(value, terminates_tls):
+    """bridge-path=: the path the front passes to the bridge when it rewrites url='s
+    (nginx's ``proxy_pass http://HOST:PORT/;`` in the secret location passes "/"). The
+    bridge then answers that path alone, and the front is what keeps the secret: it
+    must pass nothing else. ValueError names the option, never the value (it may be
+    the secret path itself)."""
+    if terminates_tls:
+        raise ValueError("bridge-path= is for a bridge behind a front that rewrites the path; "
+                         "with tls-cert= this server is the front, and it serves url='s path alone")
+    if not value.startswith("/") or not _PATH_OK.match(value) or _PCT.search(value):
+        raise ValueError("bridge-path= must be a path as the front passes it: starting with "
+                         "\"/\", without a query, a fragment, spaces or a malformed escape")
+    return value
 
 
 # nginx's defaults (1.22, ssl_ciphers and ssl_prefer_server_ciphers): its cipher string,
@@ -579,6 +615,24 @@ def parse_fields(lines):
     return fields
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "PRI")
+_VERSION_WORD = re.compile(r"HTTP/\d\.\d\Z")
+
+
+def _request_line_words(line):
+    """A request line for the log with every word but a known method (first) and an
+    HTTP version replaced by its length: a line that is slightly off may still carry
+    the secret path, which no log line quotes."""
+    words = line.split(" ")
+    shown = []
+    for number, word in enumerate(words):
+        if (number == 0 and word in _METHODS) or _VERSION_WORD.match(word) or not word:
+            shown.append(word)
+        else:
+            shown.append("<%d bytes>" % len(word))
+    return repr(" ".join(shown)[:200])
+
+
 def tokens(fields, name):
     """The lower-case comma-separated tokens of every ``name`` field."""
     return [token.strip(" \t").lower() for value in fields.get(name, ())
@@ -657,7 +711,8 @@ class WebTunnel:
     name = "webtunnel"
     ProtocolError = ProtocolError
     expensive = True            # per connection: True when this side does TLS
-    secret_options = ()
+    # url= holds the secret path; bridge-path= may be it, or a part of it.
+    secret_options = ("url", "bridge-path")
     uses_state_dir = False
 
     @classmethod
@@ -841,7 +896,7 @@ class WebTunnel:
                 else:
                     line = first_line(buffer, _NOT_REQUEST_LINE, self._scanned)
                     if line is not None and not _REQUEST_LINE.match(line):
-                        raise HeadError("not a request line: %r" % line[:200])
+                        raise HeadError("not a request line: %s" % _request_line_words(line))
                 self._line = line
                 self._scanned = max(0, len(buffer) - 1)     # a CR at the end waits for its LF
                 self._head_scanned = len(line or "")
@@ -896,7 +951,7 @@ class WebTunnel:
         method, target, version = _REQUEST_LINE.match(line).groups()
         self._method = method
         if not version.startswith("HTTP/1."):
-            raise self._refuse(BAD_REQUEST, "not HTTP/1.x (%r): answered 400" % line[:200])
+            raise self._refuse(BAD_REQUEST, "not HTTP/1.x (%s): answered 400" % _request_line_words(line))
         malformed = _malformed(fields, version)
         if malformed:     # RFC 9112 says to refuse these, and nginx answers them 400
             raise self._refuse(BAD_REQUEST, "a malformed request (%s): answered 400" % malformed)
@@ -905,7 +960,7 @@ class WebTunnel:
         if method != "GET" or version != "HTTP/1.1":
             why = "%s %s, not GET HTTP/1.1" % (method, version)
         elif not path_matches(path, self.config.target):
-            why = path_mismatch(path, self.config.target)
+            why = path_mismatch(path, self.config.target, self.config.rewritten, self._tls is None)
         elif "upgrade" not in tokens(fields, "connection"):
             why = "no Connection: upgrade"
         elif "websocket" not in tokens(fields, "upgrade"):
@@ -1042,41 +1097,48 @@ def _segments(path):
     """A request path as a web server matches it: percent-decoded, with empty and "."
     segments dropped and ".." resolved (nginx passes the path as the client wrote it;
     ``/%6B7Qm...``, ``//k7Qm...`` and ``/x/../k7Qm...`` all reached its exact location).
-    A final "/" stays significant."""
+    A final "/" stays significant, and so does one that decoding or a final "." or
+    ".." makes (RFC 3986 5.2.4: ``/k7Qm.../.`` is ``/k7Qm.../``)."""
     segments = []
-    for segment in unquote(path).split("/"):
+    written = unquote(path).split("/")
+    for segment in written:
         if segment == "..":
             if segments:
                 segments.pop()
         elif segment not in ("", "."):
             segments.append(segment)
-    if path.endswith("/") and segments:
+    if segments and written[-1] in ("", ".", ".."):
         segments.append("")
     return segments
 
 
 def path_matches(path, target):
-    """Whether a request for ``path`` is for url='s path ``target`` as a reverse proxy
-    may pass it on: unchanged (nginx's ``proxy_pass http://HOST:PORT;`` in an exact
-    location, as upstream's documentation writes it), or with a leading part cut off
-    at a "/": ``/k7Qm...`` from ``location /bridge/ { proxy_pass http://HOST:PORT/; }``,
-    down to ``/`` itself (``proxy_pass http://HOST:PORT/;`` in the exact location,
-    Apache's ``ProxyPass /k7Qm... ws://HOST:PORT/``, Caddy's ``handle_path``). The
-    upstream server checks no path at all; this still refuses every other path, so
-    a front that forwards more than the secret location does not hand out 101s,
-    except on "/" itself (README: the secret belongs in the last segment)."""
-    got, wanted = _segments(path), _segments(target)
-    return len(got) <= len(wanted) and got == wanted[len(wanted) - len(got):]
+    """Whether a request for ``path`` is for ``target``, the one path this bridge serves
+    (url='s, or ``bridge-path=`` when the front rewrites it): the same segments once
+    read as a web server reads them (``_segments``: percent-escapes decoded, empty and
+    dot segments resolved, a final "/" significant), which is how nginx's exact
+    ``location`` matched it. An origin-form target only (it starts with "/"). Nothing
+    else matches: not "/", not a part of the path, not the path with a "/" added, so
+    a front that forwards every path (or none: ``tls-cert=``) hands a prober without
+    the secret path no 101. (url='s path has a segment at least: ``server_config``.)"""
+    return path.startswith("/") and _segments(path) == _segments(target)
 
 
-def path_mismatch(path, target):
-    """Why ``path`` is not url='s, in words that never quote either path (url='s is the
-    bridge's secret): their lengths and numbers of segments."""
+def path_mismatch(path, target, rewritten=False, front=True):
+    """Why ``path`` is not ``target``, in words that never quote either (url='s path is
+    the bridge's secret, and so may be ``bridge-path=``): their lengths and numbers of
+    segments. ``rewritten``: ``target`` is bridge-path='s. ``front``: a front stands
+    before us (no ``tls-cert=``), so a path cut short may be its doing."""
     got, wanted = _segments(path), _segments(target)
-    return ("the path is not url='s, nor url='s with a leading part cut off: %d bytes in %d "
-            "segment(s) arrived, url='s path is %d bytes in %d; a reverse proxy that rewrites "
-            "the path must pass it unchanged or only cut a leading part off"
-            % (len(path), len(got), len(target), len(wanted)))
+    whose, what = ("bridge-path='s", "bridge-path=") if rewritten else ("url='s", "url='s path")
+    words = ("the path is not %s: %d bytes in %d segment(s) arrived, %s is %d bytes in %d"
+             % (whose, len(path), len(got), what, len(target), len(wanted)))
+    if not front or rewritten:
+        return words
+    if len(got) < len(wanted) and got == wanted[len(wanted) - len(got):]:
+        return words + ("; if the front cuts a leading part off the path (nginx: proxy_pass "
+                        "http://HOST:PORT/;), give the path it passes in bridge-path=")
+    return words + "; a front that rewrites the path: give the path it passes in bridge-path="
 
 
 def _where_it_points(location, url):

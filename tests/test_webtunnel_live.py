@@ -133,9 +133,11 @@ class Parts:
         self.logs.append((label, lambda: program.log.lines))
         return program
 
-    def server(self, dest, *extra, tls=False, url=SERVER_URL):
+    def server(self, dest, *extra, tls=False, url=SERVER_URL, bridge_path=None):
         """Our webtunnel server for ``url=``: plain HTTP for a front, or TLS itself."""
         options = "url=" + url
+        if bridge_path is not None:
+            options += ";bridge-path=" + bridge_path
         if tls:
             options += ";tls-cert=%s;tls-key=%s" % (self.ca.cert_file, self.ca.key_file)
         return self.program("server", "server", "--transport=webtunnel", "--transport-options=" + options,
@@ -148,7 +150,7 @@ class Parts:
         self.logs.append(("nginx error log", lambda: front.error_log().splitlines()))
         return front
 
-    def bridge(self, behaviour=None, front="nginx"):
+    def bridge(self, behaviour=None, front="nginx", variant=None):
         """A destination, our server before it and the ``front`` a client dials:
         "nginx" (TLS there, our server in plain HTTP behind it), "tls" (our server
         terminates TLS itself) or "http" (our server, no TLS at all). Returns
@@ -156,7 +158,7 @@ class Parts:
         dest = self.dest(behaviour)
         server = self.server(dest, tls=front == "tls")
         if front == "nginx":
-            return dest, server, self.nginx(server.address).url
+            return dest, server, self.nginx(server.address, variant=variant).url
         scheme = "https" if front == "tls" else "http"
         return dest, server, "%s://127.0.0.1:%d%s" % (scheme, server.address[1], PATH)
 
@@ -570,9 +572,9 @@ PROBES = {   # name: (bytes, whether they go inside TLS where the front has TLS)
     "plain HTTP to the TLS port": (PLAIN_GET, False),
 }
 NOT_OURS = "not a webtunnel upgrade (%s): answered 404"
-WRONG_PATH = ("the path is not url='s, nor url='s with a leading part cut off: 11 bytes in 1 "
-              "segment(s) arrived, url='s path is 16 bytes in 1; a reverse proxy that rewrites "
-              "the path must pass it unchanged or only cut a leading part off")
+WRONG_PATH = ("the path is not url='s: 11 bytes in 1 segment(s) arrived, url='s path is 16 "
+              "bytes in 1; a front that rewrites the path: give the path it passes in bridge-path=")
+TLS_WRONG_PATH = "the path is not url='s: 11 bytes in 1 segment(s) arrived, url='s path is 16 bytes in 1"
 # (front, probe): the start of the answer, and what our server says at the default level
 # (None: the probe never reaches it, or it repeats a line said within the rate limit's
 # 10 s, Listener.complain).
@@ -582,7 +584,7 @@ EXPECTED = {
     ("nginx", "a plain GET"): (b"HTTP/1.1 200 OK\r\n", None),
     ("nginx", "random bytes"): (BAD_REQUEST_HEAD, None),             # not TLS: nginx's 400
     ("nginx", "plain HTTP to the TLS port"): (BAD_REQUEST_HEAD, None),   # nginx's own 400
-    ("tls", "wrong path"): (NOT_FOUND_HEAD, NOT_OURS % WRONG_PATH),
+    ("tls", "wrong path"): (NOT_FOUND_HEAD, NOT_OURS % TLS_WRONG_PATH),
     ("tls", "no upgrade headers"): (NOT_FOUND_HEAD, NOT_OURS % "no Connection: upgrade"),
     ("tls", "a plain GET"): (NOT_FOUND_HEAD, None),
     ("tls", "random bytes"): (b"", "the client's handshake failed"),    # no TLS: closed
@@ -627,6 +629,43 @@ def test_probes_get_no_101_and_never_reach_the_destination(parts, front):
     client = parts.client("socks", url)
     with client.connect() as sock:
         assert echo_round_trip(sock, b"the real thing") == b"the real thing"
+    assert dest.accepted == 1
+
+
+# What a prober without the secret path sends with the upgrade headers (a WebSocket scanner's
+# request): the forms of "not the path" a front may pass on (test_webtunnel.py has more).
+UPGRADE_PROBES = ["/", "//", "/.", "/..", "/%2F", "/%2e", "/?q=1", "/?" + PATH[1:], "/#" + PATH,
+                  "*", "https://wt.test/", PATH.upper(), PATH + "/", PATH + "/.", PATH + "%2F",
+                  PATH[:-1], "/index.html", "/" + "a" * 4000]
+
+
+def upgrade_probe(target):
+    return (b"GET %s HTTP/1.1\r\nHost: wt.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Connection: close\r\n\r\n" % target.encode())
+
+
+@pytest.mark.parametrize("front, variant", [("nginx", None), ("nginx", "every path"),
+                                            ("tls", None), ("http", None)])
+def test_upgrades_of_other_paths_get_no_101_and_never_reach_the_destination(parts, front, variant):
+    """GET / and its cousins with the upgrade headers: behind the README's nginx, behind a
+    front that passes every path to the bridge, and where our server is the front
+    (tls-cert=) or has none. None gets a 101 or reaches the destination; the secret path
+    then does (the count can fail)."""
+    dest, server, url = parts.bridge(None, front, variant)
+    address = ("127.0.0.1", int(url.split("/")[2].split(":")[1]))
+    for target in UPGRADE_PROBES:
+        answer = probe(address, upgrade_probe(target), front != "http", parts.ca)
+        assert answer.startswith((b"HTTP/1.1 404 ", b"HTTP/1.1 400 ", b"HTTP/1.1 200 ")), \
+            (target[:40], answer[:100])
+        assert b" 101 " not in answer and b"Upgrade" not in answer.partition(b"\r\n\r\n")[0], target
+    assert dest.accepted == 0
+    answer_head = None
+    sock = tls_to(address, parts.ca) if front != "http" else socket.create_connection(address, timeout=20)
+    with sock:
+        answer_head, _ = raw_upgrade(sock, upgrade_probe(PATH).replace(b"Connection: close\r\n", b""))
+        assert answer_head.startswith(b"HTTP/1.1 101 ")
+        assert small_echo(sock, b"the real thing") == b"the real thing"
     assert dest.accepted == 1
 
 
@@ -833,19 +872,32 @@ def test_tor_bootstraps_through_nginx_and_webtunnel(parts, secret):
 
 # --- webtunnel-4's findings, live (issue 26) -------------------------------------------
 
-@pytest.mark.parametrize("variant, url_path", [
-    ("trailing slash", PATH),                      # nginx passes "/"
-    ("prefix location", "/bridge" + PATH),          # nginx passes PATH
+@pytest.mark.parametrize("variant, url_path, passed", [
+    ("trailing slash", PATH, "/"),                      # nginx passes "/"
+    ("prefix location", "/bridge" + PATH, PATH),         # nginx passes PATH
+    ("rewrite", PATH, "/ws"),
 ])
-def test_fronts_that_cut_the_path_carry_the_tunnel(parts, variant, url_path):
-    """Finding 3: fronts that pass the path cut (as upstream's server, which checks no
-    path, allows) got every client a 404 from ours."""
+def test_fronts_that_rewrite_the_path_need_bridge_path(parts, variant, url_path, passed):
+    """A front that passes the path cut or rewritten: without bridge-path= the bridge
+    refuses (fails closed) and its log gives lengths, never the path; with it, the
+    tunnel carries data."""
     dest = parts.dest()
     server = parts.server(dest, url="https://wt.test" + url_path)
     front = parts.nginx(server.address, path=url_path, variant=variant)
     client = parts.client("socks", "https://127.0.0.1:%d%s" % (front.address[1], url_path))
+    with pytest.raises(SocksReplyError):
+        client.connect()
+    line = server.log.wait_for(r"\[NOTICE\] .*not webtunnel: not a webtunnel upgrade \(the path "
+                               r"is not url='s: %d bytes in .*give the path it passes in "
+                               r"bridge-path=" % len(passed)).group(0)
+    assert PATH not in line and url_path not in line
+    assert dest.accepted == 0
+    server = parts.server(dest, url="https://wt.test" + url_path, bridge_path=passed)
+    front = parts.nginx(server.address, path=url_path, variant=variant)
+    client = parts.client("socks", "https://127.0.0.1:%d%s" % (front.address[1], url_path))
     with client.connect() as sock:
         assert echo_round_trip(sock, b"through a cut path") == b"through a cut path"
+    assert dest.accepted == 1
 
 
 def test_a_rewritten_path_is_refused_and_the_log_says_what_arrived(parts):
@@ -858,8 +910,8 @@ def test_a_rewritten_path_is_refused_and_the_log_says_what_arrived(parts):
     client.wait_for(r"'HTTP/1\.1 404 Not Found'.*does not pass the upgrade to the bridge.*"
                     r"rewrites the path: the bridge's log says which")
     line = server.log.wait_for(r"\[NOTICE\] .*not webtunnel: not a webtunnel upgrade \(the path "
-                               r"is not url='s, nor url='s with a leading part cut off: 3 bytes in "
-                               r"1 segment\(s\) arrived, url='s path is 16 bytes in 1").group(0)
+                               r"is not url='s: 3 bytes in 1 segment\(s\) arrived, url='s path is "
+                               r"16 bytes in 1; a front that rewrites the path").group(0)
     assert PATH not in line and "/ws" not in line
     assert dest.accepted == 0
 
