@@ -80,8 +80,12 @@ What this route does not do
   direction, and the peer's stays readable (half-close holds where the peer
   takes a bare FIN as the end; nginx ends an upgraded connection at the first
   end of either direction anyway).
-* No resumption, as on the ``ssl`` route: every handshake is a full one (real
-  Chrome sometimes resumes).
+* No resumption, as on the ``ssl`` route: every handshake is a full one, with no
+  ``pre_shared_key``, so the hello is the pinned one every time and no ticket
+  links one tunnel to the next. ``CURLOPT_SSL_SESSIONID_CACHE`` = 0 on every
+  handle: the shared multi handle would otherwise keep one session for the
+  site, and curl offered its ticket again and again, where Chrome uses a TLS 1.3
+  ticket once (or never, as here). Cost: about a millisecond of CPU per tunnel.
 * Tested on Linux only (CI); the Windows wheel's separate DLL and its SOCKET type
   are provided for (``_binary_path``, ``_SOCKET_TYPE``) but never run.
 * ``utls=`` values other than Chrome's and Firefox's (randomized hellos, Safari,
@@ -120,6 +124,7 @@ CURLOPT_CAINFO, CURLOPT_CAPATH = 10065, 10097
 CURLOPT_CONNECT_ONLY, CURLOPT_HTTP_VERSION, CURLOPT_NOSIGNAL = 141, 84, 99
 CURLOPT_OPENSOCKETFUNCTION, CURLOPT_OPENSOCKETDATA = 20163, 10164
 CURLOPT_SOCKOPTFUNCTION, CURLOPT_CLOSESOCKETFUNCTION = 20148, 20208
+CURLOPT_SSL_SESSIONID_CACHE = 150
 CURL_HTTP_VERSION_1_1 = 2
 CURL_SOCKOPT_ALREADY_CONNECTED = 2
 CURLMSG_DONE = 1
@@ -217,6 +222,9 @@ class _Curl:
         socketpair, or curl's end of it once curl lets go (lock held)."""
         self.lib.curl_multi_remove_handle(self.multi, easy)
         self.lib.curl_easy_cleanup(easy)
+        # A result read for this handle that its owner never took: the next handle
+        # malloc puts at this address must not find it.
+        self.results.pop(int(self.ffi.cast("uintptr_t", easy)), None)
         ours, theirs = sockets
         ours.close()
         if theirs.fileno() in self.taken:
@@ -335,6 +343,9 @@ class BrowserTLS:
                        (CURLOPT_CONNECT_ONLY, long(1)),
                        (CURLOPT_HTTP_VERSION, long(CURL_HTTP_VERSION_1_1)),
                        (CURLOPT_NOSIGNAL, long(1)),
+                       # No TLS session cache: the multi handle would share one across
+                       # every tunnel, and curl offered the same ticket on each of them.
+                       (CURLOPT_SSL_SESSIONID_CACHE, long(0)),
                        (CURLOPT_OPENSOCKETFUNCTION, self._curl.open_socket),
                        (CURLOPT_OPENSOCKETDATA, ffi.cast("void *", theirs.fileno())),
                        (CURLOPT_SOCKOPTFUNCTION, self._curl.socket_options),
@@ -620,8 +631,13 @@ def _decide(environ):
     try:
         curl = _Curl()
     except ImportError as exc:
-        name = getattr(exc, "name", None) or "curl_cffi"
-        return False, "%s is not installed (pip install curl_cffi)" % name.split(".")[0]
+        name = (getattr(exc, "name", None) or "curl_cffi").split(".")[0]
+        if isinstance(exc, ModuleNotFoundError) and exc.name in ("curl_cffi", "cffi"):
+            return False, "%s is not installed (pip install curl_cffi)" % name
+        # It is there, but a part of it (its binary, its _wrapper) would not load.
+        return False, ("curl_cffi is installed but could not load (%s: %s): reinstall it "
+                       "(pip install --force-reinstall curl_cffi)"
+                       % (type(exc).__name__, _import_words(exc)))
     except Exception as exc:     # a broken or changed binary: its self-test failed
         return False, "curl_cffi's self-test failed (%s: %s)" % (type(exc).__name__, exc)
     try:
@@ -632,6 +648,17 @@ def _decide(environ):
         return False, "curl_cffi's self-test failed (%s)" % why
     _curl_binding = curl
     return True, "%s, %s" % (curl.version, curl.libcurl)
+
+
+def _import_words(exc):
+    """What an ImportError says, without the file path it may quote (the user's home)."""
+    text = str(exc)
+    missing = re.search(r"cannot import name '([^']+)'", text)
+    if missing:
+        return "%s.%s is missing" % (getattr(exc, "name", None) or "curl_cffi", missing.group(1))
+    if getattr(exc, "name", None):
+        return "no module %s" % exc.name
+    return text.split(" (", 1)[0][:100]
 
 
 def reset_for_tests():
