@@ -117,6 +117,14 @@ TARGETS = {
                 "t13d1517h1_8daaf6152771_3cbfd9057e0d"),
 }
 DEFAULT = "chrome"
+# The User-Agent of the browser whose hello a family sends, for the upgrade request
+# (webtunnel.browser_request): Chrome 136 on Windows, the version of the pinned hello.
+# Firefox's WebSocket request says "Connection: keep-alive, Upgrade", which the upstream
+# Go server refuses, so that family keeps lyrebird's request (no User-Agent here).
+USER_AGENTS = {
+    "chrome": ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 "
+               "(KHTML, like Gecko) Chrome/136.0.0.0 Safari/537.36"),
+}
 
 # libcurl's numbers (curl/curl.h), under libcurl's names.
 CURLOPT_URL, CURLOPT_ERRORBUFFER, CURLOPT_RESOLVE = 10002, 10010, 10203
@@ -554,6 +562,7 @@ class BrowserContext:
     def __init__(self, family, roots=None, curl=None):
         self.family = family
         self.target, self.hello, self.ja4 = TARGETS[family]
+        self.user_agent = USER_AGENTS.get(family)
         self.roots = default_roots() if roots is None else roots
         self.curl = curl or _loaded()
 

@@ -10,8 +10,8 @@ no framing. On the server side a reverse proxy (nginx, a CDN) terminates TLS,
 serves a cover site on every other path, and hands the secret path alone to the
 webtunnel server, which speaks plain HTTP behind it.
 
-* It is not WebSocket. There is no ``Sec-WebSocket-Key``, no RFC 6455 framing:
-  the upgrade only *looks like* one from outside the TLS.
+* It is not WebSocket. There is no RFC 6455 framing after the 101: the upgrade
+  only *looks like* one (on the browser route, Chrome's own request, key and all).
 * The TLS is the cover's, not a protection of ours. Confidentiality and
   integrity of Tor's traffic come from Tor's own TLS inside the tunnel.
 * The secret path is a bearer token. Anyone holding the bridge line can confirm
@@ -30,8 +30,9 @@ The client, step by step (``initiator=True``)
    hello when the browser route runs (``browser_tls``, curl_cffi), else Python
    ``ssl``'s (``client_context``). ``http``: no TLS, and ``start()`` is already
    step 3's request.
-3. Once TLS is up, the request, exactly as lyrebird's Go client writes it (Go's
-   ``net/http`` puts Host, then User-Agent, then the other headers sorted)::
+3. Once TLS is up, the request. On Python's ``ssl`` (and ``http``), exactly as
+   lyrebird's Go client writes it (Go's ``net/http`` puts Host, then User-Agent,
+   then the other headers sorted)::
 
        GET /<escaped path of url=> HTTP/1.1\r\n
        Host: <host of url=, no port; IPv6 in brackets>\r\n
@@ -40,12 +41,18 @@ The client, step by step (``initiator=True``)
        Upgrade: websocket\r\n
        \r\n
 
-   Nothing else is ever sent before the 101.
+   Under Chrome's hello (the browser route), the request Chrome sends for
+   ``new WebSocket("wss://HOST/PATH")`` (``browser_request``): Host, Connection:
+   Upgrade, Pragma, Cache-Control, Chrome 136's User-Agent, Upgrade, Origin,
+   Sec-WebSocket-Version: 13, Accept-Encoding, Accept-Language, a fresh
+   Sec-WebSocket-Key, Sec-WebSocket-Extensions, in that order; a Chrome hello
+   with Go's User-Agent is the mismatch a JA4-to-User-Agent check flags. Nothing
+   else is ever sent before the 101.
 4. Read the response head (at most ``MAX_HEAD`` bytes). Only the status line
    ``HTTP/1.1 101 Switching Protocols`` with ``Upgrade: websocket`` and a
    ``Connection`` list holding ``upgrade`` (values case-insensitive) opens the
-   tunnel; anything else is a ``ProtocolError`` that says what came back and
-   what to check.
+   tunnel (and a Sec-WebSocket-Accept, when there is one, must be our key's); anything
+   else is a ``ProtocolError`` that says what came back and what to check.
 5. Data: a raw byte stream both ways. Bytes glued behind the response head are
    the first stream bytes (``receive()`` returns them; the Go client drops them).
 
@@ -65,12 +72,17 @@ The server, step by step (``initiator=False``)
    Go server checks only the two headers and leaves the path to the proxy; checking
    it here refuses every path a front should not have passed, and is all that
    guards the bridge when it is the front itself (``tls-cert=``).
-4. Answer exactly::
+4. Answer exactly (``switching_protocols``)::
 
        HTTP/1.1 101 Switching Protocols\r\n
        Connection: upgrade\r\n
        Upgrade: websocket\r\n
        \r\n
+
+   with ``Sec-WebSocket-Accept`` (RFC 6455's SHA-1 of the key and its GUID) before
+   the blank line when the request carried one key, and, when we are the front
+   (``tls-cert=``), nginx's ``Server: nginx`` and ``Date`` after the status line, as
+   on our other pages. No extension is ever accepted.
 
    Anything else is answered as nginx would (``error_page``: its page, ``Server:
    nginx``, ``Date``, no body after a HEAD), never with a 101: ``404 Not Found``
@@ -93,7 +105,7 @@ url=                          ``ClientConfig.url``, ``ServerConfig.url``
 Host header                   ``host_header(url)`` (Go's ``url.Hostname``, bracketed)
 servername= (SNI list)        ``ClientConfig.servernames``; this route's: ``.servername``
 addr=                         ``ClientConfig.address`` (where to dial)
-the request, the 101          ``upgrade_request(config)``, ``SWITCHING_PROTOCOLS``
+the request, the 101          ``upgrade_request(config)`` / ``browser_request``, ``switching_protocols``
 head limit                    ``MAX_HEAD`` = 16 KiB, terminator included
 synthetic address             ``synthetic_address(url)``, ``WebTunnel.public_address``
 X-Forwarded-For               ``WebTunnel.peer_address``, port ``FORWARDED_PORT``
@@ -137,7 +149,8 @@ What a censor still sees
 * The TLS ClientHello. On the browser route (curl_cffi installed and its
   self-test passed: ``browser_tls``) it is Chrome's when it opens a ``wss://``
   WebSocket, JA4 ``t13d1515h1_8daaf6152771_0a20fe35d3a5`` (``utls=hellofirefox_*``:
-  Firefox's), always a full handshake (no resumption) and no close_notify at
+  Firefox's), always a full handshake (no resumption: no ``pre_shared_key``,
+  so no session ticket links one tunnel to the next) and no close_notify at
   the end. Otherwise it is Python's OpenSSL hello (``ssl.OPENSSL_VERSION``, JA4
   ``t13d1812h1_85036bcba153_d41ae481755e`` with OpenSSL 3.0): its own cipher and
   extension lists and no GREASE, which tells it from every browser and from
@@ -151,6 +164,7 @@ What a censor still sees
   which is the point of the design.
 """
 
+import base64
 import hashlib
 import ipaddress
 import os
@@ -179,6 +193,7 @@ SWITCHING_PROTOCOLS = (b"HTTP/1.1 101 Switching Protocols\r\n"
                        b"Connection: upgrade\r\n"
                        b"Upgrade: websocket\r\n"
                        b"\r\n")
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"    # RFC 6455 1.3
 STATUS_101 = "HTTP/1.1 101 Switching Protocols"
 
 # States.
@@ -199,6 +214,11 @@ REFUSED_CLIENT_OPTIONS = {
                      "by this implementation: remove sni-imitation= and give the name in servername=",
 }
 SERVER_OPTIONS = ("url", "tls-cert", "tls-key", "bridge-path")
+
+
+class WarningNote(str):
+    """A note (``ClientConfig.notes``) the core says at WARNING rather than NOTICE."""
+    level = 30        # logging.WARNING
 
 
 class ProtocolError(Exception):
@@ -264,6 +284,14 @@ def _hostname(netloc):
     if host.startswith("["):
         return host[1:host.find("]")]
     return host.partition(":")[0]
+
+
+def _is_ip(host):
+    try:
+        ipaddress.ip_address(unquote(host).partition("%")[0])
+        return True
+    except ValueError:
+        return False
 
 
 def host_header(url):
@@ -452,6 +480,11 @@ def client_config(options):
                              % (names.index(name) + 1, len(names)))
     if not tls and "servername" in options:
         notes.append("servername= has no effect with an http:// url= (no TLS, no SNI)")
+    if tls and _is_ip(default_host) and any(not _is_ip(name) for name in names):
+        notes.append(WarningNote("url= names an IP address but servername= a name: the request says Host: "
+                     "the address under an SNI of the name, a pair no browser sends, which a "
+                     "TLS-terminating observer sees; write the name in url= and the address in "
+                     "addr= (url=https://NAME/PATH addr=ADDRESS:443)"))
     context = None
     if tls:
         context, note = client_context(options.get("utls"))
@@ -646,6 +679,66 @@ def upgrade_request(config):
             % (config.target, config.host, USER_AGENT)).encode("latin-1")
 
 
+def browser_request(config, user_agent, key):
+    """The upgrade request Chrome sends for ``new WebSocket("wss://HOST/PATH")``, for the
+    browser route, whose ClientHello is Chrome's: its header names, order, case and
+    values (Chromium's, as third-party captures of Chrome 58 to 145 show them), the
+    ``user_agent`` of the Chrome version the hello belongs to, ``key`` as
+    Sec-WebSocket-Key and an Origin of the same site. ``Connection: Upgrade`` alone, as
+    Chrome writes it: the upstream Go server compares the whole value with "upgrade".
+    The permessage-deflate offer is Chrome's; no server of ours accepts it, so no frame
+    is ever compressed (nor framed at all: the stream after the 101 is raw)."""
+    host = authority(config.url)
+    return ("GET %s HTTP/1.1\r\n"
+            "Host: %s\r\n"
+            "Connection: Upgrade\r\n"
+            "Pragma: no-cache\r\n"
+            "Cache-Control: no-cache\r\n"
+            "User-Agent: %s\r\n"
+            "Upgrade: websocket\r\n"
+            "Origin: https://%s\r\n"
+            "Sec-WebSocket-Version: 13\r\n"
+            "Accept-Encoding: gzip, deflate, br, zstd\r\n"
+            "Accept-Language: en-US,en;q=0.9\r\n"
+            "Sec-WebSocket-Key: %s\r\n"
+            "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+            "\r\n" % (config.target, host, user_agent, host, key)).encode("latin-1")
+
+
+def authority(url):
+    """HOST, or HOST:PORT when url='s port is not https's 443: the Host (and Origin) a
+    browser writes for a ``wss://`` URL."""
+    port = _parse_url(url)[2]
+    return host_header(url) + ("" if port == 443 else ":%d" % port)
+
+
+def websocket_key(random_bytes=os.urandom):
+    """A fresh Sec-WebSocket-Key: 16 random bytes in base64 (RFC 6455 4.1)."""
+    return base64.b64encode(random_bytes(16)).decode("ascii")
+
+
+def websocket_accept(key):
+    """The Sec-WebSocket-Accept for ``key``: base64 of SHA-1(key + the GUID) (RFC 6455 4.2.2)."""
+    return base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode("latin-1")).digest()).decode("ascii")
+
+
+def switching_protocols(key=None, date=None, front=False):
+    """Our 101: the upstream Go server's bytes, plus Sec-WebSocket-Accept when the request
+    carried one Sec-WebSocket-Key (no other header is answered: no extension, no
+    subprotocol). ``front``: we terminate TLS ourselves, so the 101 carries nginx's
+    Server and Date (``date``, seconds since the epoch; None: no Date) in nginx's order,
+    as our other pages do and as nginx's 101 does behind it."""
+    head = "HTTP/1.1 101 Switching Protocols\r\n"
+    if front:
+        head += "Server: nginx\r\n"
+        if date is not None:
+            head += "Date: %s\r\n" % formatdate(date, usegmt=True)
+    head += "Connection: upgrade\r\nUpgrade: websocket\r\n"
+    if key is not None:
+        head += "Sec-WebSocket-Accept: %s\r\n" % websocket_accept(key)
+    return (head + "\r\n").encode("latin-1")
+
+
 def error_page(status, date=None, head=False):
     """A web server's error response ("404 Not Found"), closing the connection: nginx's
     page and fields, byte for byte as a stock nginx with ``server_tokens off`` sends
@@ -773,6 +866,16 @@ class WebTunnel:
             self.state = TLS_HANDSHAKE
         else:
             self.state = WAIT_RESPONSE if initiator else WAIT_REQUEST
+        # The client's request: Chrome's under Chrome's hello (the browser route), else
+        # lyrebird's (Python's ssl, whose hello is no browser's, and http://).
+        self._key = None
+        if initiator:
+            user_agent = getattr(context, "user_agent", None)
+            if isinstance(self._tls, browser_tls.BrowserTLS) and user_agent:
+                self._key = websocket_key()
+                self.request = browser_request(config, user_agent, self._key)
+            else:
+                self.request = upgrade_request(config)
 
     @property
     def is_open(self):
@@ -786,7 +889,7 @@ class WebTunnel:
             if self.initiator:
                 self._handshake()
             return self._outgoing.read()
-        return upgrade_request(self.config) if self.initiator else b""
+        return self.request if self.initiator else b""
 
     def receive(self, data):
         """The plaintext the peer's bytes carried: b"" while handshaking, then the stream."""
@@ -803,7 +906,7 @@ class WebTunnel:
             if not self._handshake():
                 return b""
             if self.initiator:
-                self._tls.write(upgrade_request(self.config))
+                self._tls.write(self.request)
             self.state = WAIT_REQUEST if not self.initiator else WAIT_RESPONSE
         plaintext = self._read_tls()
         if self.state == OPEN:
@@ -933,6 +1036,12 @@ class WebTunnel:
         """Step 4: only our 101 opens the tunnel."""
         upgrade = [value.lower() for value in fields.get("upgrade", ())]
         if line == STATUS_101 and upgrade == ["websocket"] and "upgrade" in tokens(fields, "connection"):
+            accept = fields.get("sec-websocket-accept")
+            if self._key is not None and accept is not None and accept != [websocket_accept(self._key)]:
+                # An Accept is optional (the upstream server sends none); a wrong one is
+                # not an answer to our request.
+                raise self._fail("the server's 101 carries a Sec-WebSocket-Accept that is not "
+                                 "the one for our key: check url= and addr=")
             return
         code = line.split(" ")[1] if line.count(" ") else ""
         if line == STATUS_101:
@@ -967,11 +1076,14 @@ class WebTunnel:
             why = "no Upgrade: websocket"
         if why:
             raise self._refuse(NOT_FOUND, "not a webtunnel upgrade (%s): answered 404" % why)
+        keys = fields.get("sec-websocket-key", ())
+        key = keys[0] if len(keys) == 1 else None
         if self._tls is None:
             self.peer_address = forwarded_for(fields)
-            self._owed += SWITCHING_PROTOCOLS
+            self._owed += switching_protocols(key)
         else:     # we are the front: X-Forwarded-For is whatever the client wrote
-            self._tls.write(SWITCHING_PROTOCOLS)
+            clock = getattr(self.config, "clock", None)
+            self._tls.write(switching_protocols(key, clock() if clock else None, front=True))
 
     def _fail(self, message, reply=b"", data=b""):
         self.state = FAILED

@@ -13,8 +13,10 @@ Pairs run in memory, driven as the core drives a transport: ``start()``, then
 side of TLS, the other end is a bare ``ssl.SSLObject`` (``Raw``).
 """
 
+import base64
 import queue
 import random
+import re
 import socket
 import ssl
 import subprocess
@@ -228,12 +230,121 @@ def test_plain_client_sends_the_exact_request_at_once():
     assert not client.is_open and client.data_to_send() == b""
 
 
-def test_tls_client_sends_the_exact_request_inside_tls_and_nothing_more(trusted):
-    client = WebTunnel(True, WebTunnel.client_config({"url": URL}))
+def test_tls_client_on_python_ssl_sends_lyrebirds_request_and_nothing_more(trusted):
+    """Python's ssl sends no browser's hello, so no browser's request either: lyrebird's."""
+    client = WebTunnel(True, WebTunnel.client_config({"url": URL, "utls": "none"}))
     raw = raw_server(trusted)
     _, seen = exchange(client, raw)
     assert seen == REQUEST
     assert raw.sni == ["wt.test"] and raw.tls.selected_alpn_protocol() == "http/1.1"
+
+
+# What Chrome 136 sends for new WebSocket("wss://wt.test/k7Qm2Zx1c1b00b6"): header names,
+# order and case as in third-party captures of Chrome's WebSocket requests; KEY is fresh.
+CHROME_REQUEST = (b"GET /k7Qm2Zx1c1b00b6 HTTP/1.1\r\n"
+                  b"Host: wt.test\r\n"
+                  b"Connection: Upgrade\r\n"
+                  b"Pragma: no-cache\r\n"
+                  b"Cache-Control: no-cache\r\n"
+                  b"User-Agent: Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 "
+                  b"(KHTML, like Gecko) Chrome/136.0.0.0 Safari/537.36\r\n"
+                  b"Upgrade: websocket\r\n"
+                  b"Origin: https://wt.test\r\n"
+                  b"Sec-WebSocket-Version: 13\r\n"
+                  b"Accept-Encoding: gzip, deflate, br, zstd\r\n"
+                  b"Accept-Language: en-US,en;q=0.9\r\n"
+                  b"Sec-WebSocket-Key: KEY\r\n"
+                  b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+                  b"\r\n")
+
+
+def test_the_browser_route_sends_chromes_websocket_request_with_a_fresh_key(trusted):
+    """Under Chrome's hello, Chrome's request, byte for byte but for the key: 16 fresh
+    random bytes in base64, another each connection."""
+    config = WebTunnel.client_config({"url": URL})
+    if not isinstance(config.context, browser_tls.BrowserContext):
+        pytest.skip("the browser route is off here: %s" % browser_tls.route()[1])
+    keys = set()
+    for _ in range(3):
+        client = WebTunnel(True, config)
+        raw = raw_server(trusted)
+        _, seen = exchange(client, raw)
+        key = re.search(rb"Sec-WebSocket-Key: ([A-Za-z0-9+/=]+)\r\n", seen).group(1)
+        assert len(base64.b64decode(key, validate=True)) == 16
+        assert seen == CHROME_REQUEST.replace(b"KEY", key)
+        keys.add(key)
+    assert len(keys) == 3
+
+
+@pytest.mark.parametrize("url, host", [
+    ("https://wt.test:8443/k7Qm2Zx1c1b00b6", b"wt.test:8443"),
+    ("https://wt.test:443/k7Qm2Zx1c1b00b6", b"wt.test"),
+    ("https://[2001:db8::1]:8443/k7Qm2Zx1c1b00b6", b"[2001:db8::1]:8443"),
+])
+def test_chromes_request_names_the_port_as_chrome_does(url, host):
+    config = WebTunnel.client_config({"url": url, "utls": "none"})
+    request = webtunnel.browser_request(config, "UA", "KEY")
+    assert b"\r\nHost: %s\r\n" % host in request and b"\r\nOrigin: https://%s\r\n" % host in request
+
+
+@pytest.mark.parametrize("options, noted", [
+    ({"url": "https://127.0.0.1/k7Qm2Zx1c1b00b6", "servername": "wt.test"}, True),
+    ({"url": "https://[2001:db8::1]:8443/k7Qm2Zx1c1b00b6", "servername": "a.test,wt.test"}, True),
+    ({"url": "https://127.0.0.1/k7Qm2Zx1c1b00b6"}, False),
+    ({"url": "https://wt.test/k7Qm2Zx1c1b00b6", "addr": "127.0.0.1:443"}, False),
+    ({"url": "https://127.0.0.1/k7Qm2Zx1c1b00b6", "servername": "127.0.0.1"}, False),
+])
+def test_an_ip_url_with_a_named_servername_is_noted(options, noted):
+    """No browser sends Host: ADDRESS under SNI NAME; addr= gives the same dial without it."""
+    notes = WebTunnel.client_config(dict(options, utls="none")).notes
+    said = [note for note in notes if "url= names an IP address but servername= a name" in note]
+    assert all(note.level == 30 for note in said)          # a warning
+    assert bool(said) == noted, notes
+    assert not any("k7Qm2Zx1c1b00b6" in note or "wt.test" in note for note in notes)
+
+
+def test_sec_websocket_accept_is_rfc_6455s():
+    """RFC 6455 1.3's example key and answer."""
+    assert webtunnel.websocket_accept("dGhlIHNhbXBsZSBub25jZQ==") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+
+
+def test_a_request_with_a_key_gets_its_accept_and_nothing_else_is_answered():
+    """The server answers Chrome's request (its key) with the right Accept; it answers no
+    extension (permessage-deflate stays off: the stream is raw)."""
+    server = plain_server()
+    request = CHROME_REQUEST.replace(b"KEY", b"dGhlIHNhbXBsZSBub25jZQ==")
+    assert server.receive(request + b"stream") == b"stream" and server.is_open
+    assert server.data_to_send() == SWITCHING.replace(
+        b"\r\n\r\n", b"\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
+
+
+def test_a_tls_front_s_101_carries_server_date_and_accept(ca):
+    _, config = tls_configs(ca)
+    server = WebTunnel(False, replace(config, clock=lambda: CLOCK))
+    request = CHROME_REQUEST.replace(b"KEY", b"dGhlIHNhbXBsZSBub25jZQ==")
+    answer = feed_request(server, request, ca)
+    assert answer == (b"HTTP/1.1 101 Switching Protocols\r\nServer: nginx\r\n" + DATE +
+                      b"Connection: upgrade\r\nUpgrade: websocket\r\n"
+                      b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
+
+
+def test_the_client_refuses_a_wrong_accept_and_takes_none(trusted):
+    config = WebTunnel.client_config({"url": URL})
+    if not isinstance(config.context, browser_tls.BrowserContext):
+        pytest.skip("the browser route is off here: %s" % browser_tls.route()[1])
+    for answer, opens in ((SWITCHING, True),
+                          (SWITCHING[:-2] + b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+                           False)):
+        client = WebTunnel(True, config)
+        raw = raw_server(trusted)
+        exchange(client, raw)
+        raw.tls.write(answer)
+        try:
+            client.receive(raw.out.read())
+        except webtunnel.ProtocolError as exc:
+            assert not opens and "Sec-WebSocket-Accept" in str(exc)
+        else:
+            assert opens and client.is_open
 
 
 @pytest.mark.parametrize("url, host, target", [
@@ -263,8 +374,9 @@ def test_plain_server_answers_the_exact_101_and_keeps_trailing_bytes():
 
 
 def test_tls_server_answers_the_exact_101_and_keeps_trailing_bytes(ca):
+    """As the front, the 101 carries nginx's Server and Date, as our other pages do."""
     _, config = tls_configs(ca)
-    server = WebTunnel(False, config)
+    server = WebTunnel(False, replace(config, clock=lambda: CLOCK))
     raw = raw_client(ca)
     server_got, client_got = bytearray(), bytearray()
     to_server = raw.hello()
@@ -275,7 +387,7 @@ def test_tls_server_answers_the_exact_101_and_keeps_trailing_bytes(ca):
             raw.tls.write(REQUEST + b"early bytes")
         to_server = raw.out.read()
     assert server.is_open and bytes(server_got) == b"early bytes"
-    assert bytes(client_got) == SWITCHING
+    assert bytes(client_got) == SWITCHING.replace(b"Connection", b"Server: nginx\r\n" + DATE + b"Connection")
     assert server.peer_address is None
 
 

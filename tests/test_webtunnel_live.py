@@ -472,15 +472,32 @@ class RecordingTLSServer:
             self.done.set()
 
 
+def chrome_request(host, key):
+    """Chrome 136's request for new WebSocket("wss://HOST/PATH") (test_webtunnel.py has it
+    line by line)."""
+    return (b"GET %s HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nPragma: no-cache\r\n"
+            b"Cache-Control: no-cache\r\nUser-Agent: Mozilla/5.0 (Windows NT 10.0; Win64; x64) "
+            b"AppleWebKit/537.36 (KHTML, like Gecko) Chrome/136.0.0.0 Safari/537.36\r\n"
+            b"Upgrade: websocket\r\nOrigin: https://%s\r\nSec-WebSocket-Version: 13\r\n"
+            b"Accept-Encoding: gzip, deflate, br, zstd\r\nAccept-Language: en-US,en;q=0.9\r\n"
+            b"Sec-WebSocket-Key: %s\r\nSec-WebSocket-Extensions: permessage-deflate; "
+            b"client_max_window_bits\r\n\r\n" % (PATH.encode(), host.encode(), host.encode(), key))
+
+
+@pytest.mark.parametrize("route", ["browser", "python"])
 @pytest.mark.parametrize("how", ["url", "addr"])
-def test_the_exact_request_our_client_sends(parts, how):
-    """Inside TLS: the request exactly as lyrebird writes it (Host: the url= host without
-    port), SNI = servername, ALPN http/1.1, and nothing before the 101 (the application's
-    first bytes are the first after it). With addr= the client dials there and still
-    names url='s host in Host and SNI."""
+def test_the_exact_request_our_client_sends(parts, how, route):
+    """Inside TLS: on Python's ssl the request exactly as lyrebird writes it (Host: the
+    url= host without port), on the browser route Chrome's WebSocket request (Host and
+    Origin with a port other than 443, a fresh key); SNI = servername, ALPN http/1.1,
+    and nothing before the 101 (the application's first bytes are the first after it).
+    With addr= the client dials there and still names url='s host in Host and SNI."""
+    if route == "browser" and not browser_tls.route()[0]:
+        pytest.skip("the browser route is off here: %s" % browser_tls.route()[1])
     recorder = RecordingTLSServer(parts.ca, after_size=5)
     port = recorder.address[1]
-    client = parts.client("socks")
+    env = dict(parts.env(), OBFSPROXY_HELLO="auto" if route == "browser" else "python")
+    client = parts.client("socks", env=env)
     if how == "url":
         args = client.args("https://127.0.0.1:%d%s" % (port, PATH))
         host, sni = "127.0.0.1", NAME
@@ -492,7 +509,11 @@ def test_the_exact_request_our_client_sends(parts, how):
         sock.sendall(b"first")
         assert recv_exact(sock, 6) == b"answer"
     assert recorder.done.wait(20)
-    assert recorder.head == request(host=host)
+    if route == "python":
+        assert recorder.head == request(host=host)
+    else:
+        key = re.search(rb"\r\nSec-WebSocket-Key: (\S+)\r\n", recorder.head).group(1)
+        assert recorder.head == chrome_request("%s:%d" % (host, port), key)
     assert recorder.after == b"first"
     assert recorder.sni == sni and recorder.alpn == "http/1.1"
 
@@ -528,7 +549,7 @@ def tls_to(address, ca, servername=NAME):
 @pytest.mark.parametrize("front", ["http", "tls"])
 def test_the_exact_101_our_server_sends(parts, front):
     """Straight to our server (plain HTTP, or its own TLS): the upstream server's 101,
-    byte for byte, then the stream."""
+    byte for byte (as the front, with nginx's Server and Date first), then the stream."""
     dest, server, _ = parts.bridge(None, front)
     if front == "tls":
         sock = tls_to(server.address, parts.ca)
@@ -536,7 +557,13 @@ def test_the_exact_101_our_server_sends(parts, front):
         sock = socket.create_connection(server.address, timeout=20)
     with sock:
         head, rest = raw_upgrade(sock)
-        assert (head, rest) == (SWITCHING, b"")
+        if front == "tls":      # the front's 101 carries Server and Date, as its other pages
+            assert re.fullmatch(rb"HTTP/1\.1 101 Switching Protocols\r\nServer: nginx\r\n"
+                                rb"Date: [A-Z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d GMT\r\n"
+                                rb"Connection: upgrade\r\nUpgrade: websocket\r\n\r\n", head), head
+        else:
+            assert head == SWITCHING
+        assert rest == b""
         assert small_echo(sock, b"raw stream") == b"raw stream"
     assert dest.accepted == 1
 
