@@ -586,6 +586,23 @@ def test_the_101_through_nginx(parts):
     assert dest.accepted == 1
 
 
+def test_chromes_request_through_nginx_gets_its_accept(parts):
+    """Chrome's request (the browser route's) through nginx: our 101 answers its key with
+    RFC 6455's Accept, nginx passes it on, and no extension is answered."""
+    dest, _, url = parts.bridge()
+    front = url.split("/")[2].split(":")
+    key = b"dGhlIHNhbXBsZSBub25jZQ=="
+    with tls_to((front[0], int(front[1])), parts.ca) as sock:
+        head, rest = raw_upgrade(sock, chrome_request(NAME, key))
+        lines = head.decode("latin-1").split("\r\n")
+        assert lines[0] == "HTTP/1.1 101 Switching Protocols"
+        fields = dict(line.split(": ", 1) for line in lines[1:-2])
+        assert sorted(fields) == ["Connection", "Date", "Sec-WebSocket-Accept", "Server", "Upgrade"], fields
+        assert fields["Sec-WebSocket-Accept"] == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        assert small_echo(sock, b"raw stream") == b"raw stream"
+    assert dest.accepted == 1
+
+
 # --- Probes never get a 101 and never reach the destination ---------------------------------
 
 JUNK = payload(600, seed=7)
