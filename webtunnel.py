@@ -867,8 +867,10 @@ class WebTunnel:
         else:
             self.state = WAIT_RESPONSE if initiator else WAIT_REQUEST
         # The client's request: Chrome's under Chrome's hello (the browser route), else
-        # lyrebird's (Python's ssl, whose hello is no browser's, and http://).
+        # lyrebird's (Python's ssl, whose hello is no browser's, and http://). A server's
+        # 101, once sent, is ``response``.
         self._key = None
+        self.request = self.response = None
         if initiator:
             user_agent = getattr(context, "user_agent", None)
             if isinstance(self._tls, browser_tls.BrowserTLS) and user_agent:
@@ -1080,10 +1082,12 @@ class WebTunnel:
         key = keys[0] if len(keys) == 1 else None
         if self._tls is None:
             self.peer_address = forwarded_for(fields)
-            self._owed += switching_protocols(key)
+            self.response = switching_protocols(key)
+            self._owed += self.response
         else:     # we are the front: X-Forwarded-For is whatever the client wrote
             clock = getattr(self.config, "clock", None)
-            self._tls.write(switching_protocols(key, clock() if clock else None, front=True))
+            self.response = switching_protocols(key, clock() if clock else None, front=True)
+            self._tls.write(self.response)
 
     def _fail(self, message, reply=b"", data=b""):
         self.state = FAILED
