@@ -168,6 +168,7 @@ void curl_slist_free_all(void *);
 READ_SIZE = 64 * 1024          # plaintext per curl_easy_recv
 PUMP_SIZE = 256 * 1024         # records moved per socketpair read
 HANDSHAKE_WAITS = 50           # 1 ms pauses at most per handshake step (curl's timer)
+HELLO_WAITS = 2000             # ... and before curl's hello is out: nothing else will wake it
 
 
 class _Curl:
@@ -406,14 +407,20 @@ class BrowserTLS:
         own, at millisecond grain: until curl has done something with what it has (its
         hello out, every byte of the peer's read, or the end), this lets a millisecond
         pass with the lock free and tries again, at most ``HANDSHAKE_WAITS`` times (the
-        first step needs one or two; the later ones, driven by bytes, none)."""
+        first step needs one or two; the later ones, driven by bytes, none), or
+        ``HELLO_WAITS`` while the hello is not out."""
         if self._done:
             return
         curl = self._curl
         key = int(curl.ffi.cast("uintptr_t", self._easy))
         records = self._outgoing.pending
         result = None
-        for _ in range(HANDSHAKE_WAITS):
+        waits = 0
+        # Until the hello is out no peer byte can come to wake this handshake again, so
+        # the first step waits for curl's timer longer (up to HELLO_WAITS): on a loaded
+        # machine a tunnel once sat silent until its handshake timed out.
+        while waits < (HANDSHAKE_WAITS if self._hello_out else HELLO_WAITS):
+            waits += 1
             with curl.lock:
                 curl.collect()
                 self._push()

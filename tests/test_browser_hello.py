@@ -297,6 +297,17 @@ def test_dropped_tunnels_release_their_handles_and_sockets(ca, monkeypatch):
     assert not curl.taken and not curl.lingering
 
 
+def test_the_first_step_waits_until_curl_has_written_its_hello(monkeypatch):
+    """Nothing but curl's own timer can bring the hello out: a first step that gave up
+    before it (HANDSHAKE_WAITS, made 1 here as a loaded machine's short wait) left a
+    tunnel silent until its handshake timed out."""
+    require_browser_route()
+    monkeypatch.setattr(browser_tls, "HANDSHAKE_WAITS", 1)
+    for _ in range(5):
+        hello = tlswire.hello(browser_tls.first_flight(browser_tls.context(), "wt.test"))
+        assert hello is not None and tlswire.ja4(hello) == CHROME_WEBSOCKET_JA4
+
+
 def test_a_result_left_for_a_freed_handle_goes_with_it():
     """A handshake's end read for a handle (by another tunnel's timer step) that its
     owner never took must not outlive the handle: the next handle at that address would
