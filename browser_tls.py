@@ -85,7 +85,8 @@ What this route does not do
   links one tunnel to the next. ``CURLOPT_SSL_SESSIONID_CACHE`` = 0 on every
   handle: the shared multi handle would otherwise keep one session for the
   site, and curl offered its ticket again and again, where Chrome uses a TLS 1.3
-  ticket once (or never, as here). Cost: about a millisecond of CPU per tunnel.
+  ticket once (or never, as here). Cost: measured in memory against Python's TLS
+  server, 1.6-1.9 ms of CPU per tunnel (both ends) against 1.5-1.65 ms resumed.
 * Tested on Linux only (CI); the Windows wheel's separate DLL and its SOCKET type
   are provided for (``_binary_path``, ``_SOCKET_TYPE``) but never run.
 * ``utls=`` values other than Chrome's and Firefox's (randomized hellos, Safari,
