@@ -1069,7 +1069,8 @@ class WebTunnel:
         path = target.partition("?")[0]
         why = None
         if method != "GET" or version != "HTTP/1.1":
-            why = "%s %s, not GET HTTP/1.1" % (method, version)
+            why = "%s %s, not GET HTTP/1.1" % (method if method in _METHODS else
+                                                "<%d bytes>" % len(method), version)
         elif not path_matches(path, self.config.target):
             why = path_mismatch(path, self.config.target, self.config.rewritten, self._tls is None)
         elif "upgrade" not in tokens(fields, "connection"):

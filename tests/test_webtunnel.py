@@ -1109,6 +1109,11 @@ def test_server_log_says_what_path_did_not_match_without_quoting_it(url, path):
     assert "k7Qm2Zx1c1b00b" not in message and path not in message   # url='s path is the secret
 
 
+def test_an_unknown_method_is_not_quoted():
+    error = refused(b"k7Qm2Zx1c1b00b6 /x HTTP/1.1\r\nHost: wt.test\r\n\r\n")
+    assert error.reply == NOT_FOUND and "<15 bytes> HTTP/1.1, not GET HTTP/1.1" in str(error)
+
+
 @pytest.mark.parametrize("line", ["GET /k7Qm2Zx1c1b00b6 HTTP/1.1 ", "GET /k7Qm2Zx1c1b00b6 HTTP/2.0",
                                   "GET /k7Qm2Zx1c1b00b6", "k7Qm2Zx1c1b00b6 HTTP/1.1",
                                   "GET\t/k7Qm2Zx1c1b00b6 HTTP/1.1"])
