@@ -303,6 +303,31 @@ def test_an_ip_url_with_a_named_servername_is_noted(options, noted):
     assert not any("k7Qm2Zx1c1b00b6" in note or "wt.test" in note for note in notes)
 
 
+def go_header(head, name):
+    """Go's Header.Get: the first field of that name, or ""."""
+    for line in head.split(b"\r\n")[1:]:
+        field, _, value = line.partition(b":")
+        if field.strip().lower() == name.lower():
+            return value.strip(b" \t").decode("latin-1")
+    return ""
+
+
+def test_the_upstream_go_peers_checks_pass():
+    """The upstream Go server takes a request only when lower(Connection) == "upgrade" and
+    lower(Upgrade) == "websocket", whole values (so Firefox's "keep-alive, Upgrade" would
+    fail); its client takes a 101 only on the same two checks. Chrome's request and every
+    101 of ours pass them."""
+    request = webtunnel.browser_request(WebTunnel.client_config({"url": URL, "utls": "none"}), "UA", "KEY")
+    assert go_header(request, b"Connection").lower() == "upgrade"
+    assert go_header(request, b"Upgrade").lower() == "websocket"
+    for answer in (webtunnel.switching_protocols(), webtunnel.switching_protocols("KEY"),
+                   webtunnel.switching_protocols("KEY", CLOCK, front=True)):
+        assert answer.startswith(b"HTTP/1.1 101 Switching Protocols\r\n")
+        assert go_header(answer, b"Connection").lower() == "upgrade"
+        assert go_header(answer, b"Upgrade").lower() == "websocket"
+    assert webtunnel.switching_protocols() == SWITCHING       # what a Go client (no key) gets
+
+
 def test_sec_websocket_accept_is_rfc_6455s():
     """RFC 6455 1.3's example key and answer."""
     assert webtunnel.websocket_accept("dGhlIHNhbXBsZSBub25jZQ==") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
