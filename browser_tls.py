@@ -80,8 +80,13 @@ What this route does not do
   direction, and the peer's stays readable (half-close holds where the peer
   takes a bare FIN as the end; nginx ends an upgraded connection at the first
   end of either direction anyway).
-* No resumption, as on the ``ssl`` route: every handshake is a full one (real
-  Chrome sometimes resumes).
+* No resumption, as on the ``ssl`` route: every handshake is a full one, with no
+  ``pre_shared_key``, so the hello is the pinned one every time and no ticket
+  links one tunnel to the next. ``CURLOPT_SSL_SESSIONID_CACHE`` = 0 on every
+  handle: the shared multi handle would otherwise keep one session for the
+  site, and curl offered its ticket again and again, where Chrome uses a TLS 1.3
+  ticket once (or never, as here). Cost: measured in memory against Python's TLS
+  server, 1.6-1.9 ms of CPU per tunnel (both ends) against 1.5-1.65 ms resumed.
 * Tested on Linux only (CI); the Windows wheel's separate DLL and its SOCKET type
   are provided for (``_binary_path``, ``_SOCKET_TYPE``) but never run.
 * ``utls=`` values other than Chrome's and Firefox's (randomized hellos, Safari,
@@ -113,6 +118,14 @@ TARGETS = {
                 "t13d1517h1_8daaf6152771_3cbfd9057e0d"),
 }
 DEFAULT = "chrome"
+# The User-Agent of the browser whose hello a family sends, for the upgrade request
+# (webtunnel.browser_request): Chrome 136 on Windows, the version of the pinned hello.
+# Firefox's WebSocket request says "Connection: keep-alive, Upgrade", which the upstream
+# Go server refuses, so that family keeps lyrebird's request (no User-Agent here).
+USER_AGENTS = {
+    "chrome": ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 "
+               "(KHTML, like Gecko) Chrome/136.0.0.0 Safari/537.36"),
+}
 
 # libcurl's numbers (curl/curl.h), under libcurl's names.
 CURLOPT_URL, CURLOPT_ERRORBUFFER, CURLOPT_RESOLVE = 10002, 10010, 10203
@@ -120,6 +133,7 @@ CURLOPT_CAINFO, CURLOPT_CAPATH = 10065, 10097
 CURLOPT_CONNECT_ONLY, CURLOPT_HTTP_VERSION, CURLOPT_NOSIGNAL = 141, 84, 99
 CURLOPT_OPENSOCKETFUNCTION, CURLOPT_OPENSOCKETDATA = 20163, 10164
 CURLOPT_SOCKOPTFUNCTION, CURLOPT_CLOSESOCKETFUNCTION = 20148, 20208
+CURLOPT_SSL_SESSIONID_CACHE = 150
 CURL_HTTP_VERSION_1_1 = 2
 CURL_SOCKOPT_ALREADY_CONNECTED = 2
 CURLMSG_DONE = 1
@@ -155,6 +169,7 @@ void curl_slist_free_all(void *);
 READ_SIZE = 64 * 1024          # plaintext per curl_easy_recv
 PUMP_SIZE = 256 * 1024         # records moved per socketpair read
 HANDSHAKE_WAITS = 50           # 1 ms pauses at most per handshake step (curl's timer)
+HELLO_WAITS = 2000             # ... and before curl's hello is out: nothing else will wake it
 
 
 class _Curl:
@@ -217,6 +232,9 @@ class _Curl:
         socketpair, or curl's end of it once curl lets go (lock held)."""
         self.lib.curl_multi_remove_handle(self.multi, easy)
         self.lib.curl_easy_cleanup(easy)
+        # A result read for this handle that its owner never took: the next handle
+        # malloc puts at this address must not find it.
+        self.results.pop(int(self.ffi.cast("uintptr_t", easy)), None)
         ours, theirs = sockets
         ours.close()
         if theirs.fileno() in self.taken:
@@ -335,6 +353,9 @@ class BrowserTLS:
                        (CURLOPT_CONNECT_ONLY, long(1)),
                        (CURLOPT_HTTP_VERSION, long(CURL_HTTP_VERSION_1_1)),
                        (CURLOPT_NOSIGNAL, long(1)),
+                       # No TLS session cache: the multi handle would share one across
+                       # every tunnel, and curl offered the same ticket on each of them.
+                       (CURLOPT_SSL_SESSIONID_CACHE, long(0)),
                        (CURLOPT_OPENSOCKETFUNCTION, self._curl.open_socket),
                        (CURLOPT_OPENSOCKETDATA, ffi.cast("void *", theirs.fileno())),
                        (CURLOPT_SOCKOPTFUNCTION, self._curl.socket_options),
@@ -387,14 +408,20 @@ class BrowserTLS:
         own, at millisecond grain: until curl has done something with what it has (its
         hello out, every byte of the peer's read, or the end), this lets a millisecond
         pass with the lock free and tries again, at most ``HANDSHAKE_WAITS`` times (the
-        first step needs one or two; the later ones, driven by bytes, none)."""
+        first step needs one or two; the later ones, driven by bytes, none), or
+        ``HELLO_WAITS`` while the hello is not out."""
         if self._done:
             return
         curl = self._curl
         key = int(curl.ffi.cast("uintptr_t", self._easy))
         records = self._outgoing.pending
         result = None
-        for _ in range(HANDSHAKE_WAITS):
+        waits = 0
+        # Until the hello is out no peer byte can come to wake this handshake again, so
+        # the first step waits for curl's timer longer (up to HELLO_WAITS): on a loaded
+        # machine a tunnel once sat silent until its handshake timed out.
+        while waits < (HANDSHAKE_WAITS if self._hello_out else HELLO_WAITS):
+            waits += 1
             with curl.lock:
                 curl.collect()
                 self._push()
@@ -543,6 +570,7 @@ class BrowserContext:
     def __init__(self, family, roots=None, curl=None):
         self.family = family
         self.target, self.hello, self.ja4 = TARGETS[family]
+        self.user_agent = USER_AGENTS.get(family)
         self.roots = default_roots() if roots is None else roots
         self.curl = curl or _loaded()
 
@@ -620,8 +648,13 @@ def _decide(environ):
     try:
         curl = _Curl()
     except ImportError as exc:
-        name = getattr(exc, "name", None) or "curl_cffi"
-        return False, "%s is not installed (pip install curl_cffi)" % name.split(".")[0]
+        name = (getattr(exc, "name", None) or "curl_cffi").split(".")[0]
+        if isinstance(exc, ModuleNotFoundError) and exc.name in ("curl_cffi", "cffi"):
+            return False, "%s is not installed (pip install curl_cffi)" % name
+        # It is there, but a part of it (its binary, its _wrapper) would not load.
+        return False, ("curl_cffi is installed but could not load (%s: %s): reinstall it "
+                       "(pip install --force-reinstall curl_cffi)"
+                       % (type(exc).__name__, _import_words(exc)))
     except Exception as exc:     # a broken or changed binary: its self-test failed
         return False, "curl_cffi's self-test failed (%s: %s)" % (type(exc).__name__, exc)
     try:
@@ -632,6 +665,17 @@ def _decide(environ):
         return False, "curl_cffi's self-test failed (%s)" % why
     _curl_binding = curl
     return True, "%s, %s" % (curl.version, curl.libcurl)
+
+
+def _import_words(exc):
+    """What an ImportError says, without the file path it may quote (the user's home)."""
+    text = str(exc)
+    missing = re.search(r"cannot import name '([^']+)'", text)
+    if missing:
+        return "%s.%s is missing" % (getattr(exc, "name", None) or "curl_cffi", missing.group(1))
+    if getattr(exc, "name", None):
+        return "no module %s" % exc.name
+    return text.split(" (", 1)[0][:100]
 
 
 def reset_for_tests():

@@ -10,8 +10,8 @@ no framing. On the server side a reverse proxy (nginx, a CDN) terminates TLS,
 serves a cover site on every other path, and hands the secret path alone to the
 webtunnel server, which speaks plain HTTP behind it.
 
-* It is not WebSocket. There is no ``Sec-WebSocket-Key``, no RFC 6455 framing:
-  the upgrade only *looks like* one from outside the TLS.
+* It is not WebSocket. There is no RFC 6455 framing after the 101: the upgrade
+  only *looks like* one (on the browser route, Chrome's own request, key and all).
 * The TLS is the cover's, not a protection of ours. Confidentiality and
   integrity of Tor's traffic come from Tor's own TLS inside the tunnel.
 * The secret path is a bearer token. Anyone holding the bridge line can confirm
@@ -30,8 +30,9 @@ The client, step by step (``initiator=True``)
    hello when the browser route runs (``browser_tls``, curl_cffi), else Python
    ``ssl``'s (``client_context``). ``http``: no TLS, and ``start()`` is already
    step 3's request.
-3. Once TLS is up, the request, exactly as lyrebird's Go client writes it (Go's
-   ``net/http`` puts Host, then User-Agent, then the other headers sorted)::
+3. Once TLS is up, the request. On Python's ``ssl`` (and ``http``), exactly as
+   lyrebird's Go client writes it (Go's ``net/http`` puts Host, then User-Agent,
+   then the other headers sorted)::
 
        GET /<escaped path of url=> HTTP/1.1\r\n
        Host: <host of url=, no port; IPv6 in brackets>\r\n
@@ -40,12 +41,18 @@ The client, step by step (``initiator=True``)
        Upgrade: websocket\r\n
        \r\n
 
-   Nothing else is ever sent before the 101.
+   Under Chrome's hello (the browser route), the request Chrome sends for
+   ``new WebSocket("wss://HOST/PATH")`` (``browser_request``): Host, Connection:
+   Upgrade, Pragma, Cache-Control, Chrome 136's User-Agent, Upgrade, Origin,
+   Sec-WebSocket-Version: 13, Accept-Encoding, Accept-Language, a fresh
+   Sec-WebSocket-Key, Sec-WebSocket-Extensions, in that order; a Chrome hello
+   with Go's User-Agent is the mismatch a JA4-to-User-Agent check flags. Nothing
+   else is ever sent before the 101.
 4. Read the response head (at most ``MAX_HEAD`` bytes). Only the status line
    ``HTTP/1.1 101 Switching Protocols`` with ``Upgrade: websocket`` and a
    ``Connection`` list holding ``upgrade`` (values case-insensitive) opens the
-   tunnel; anything else is a ``ProtocolError`` that says what came back and
-   what to check.
+   tunnel (and a Sec-WebSocket-Accept, when there is one, must be our key's); anything
+   else is a ``ProtocolError`` that says what came back and what to check.
 5. Data: a raw byte stream both ways. Bytes glued behind the response head are
    the first stream bytes (``receive()`` returns them; the Go client drops them).
 
@@ -58,18 +65,24 @@ The server, step by step (``initiator=False``)
 3. Refuse (400) what RFC 9112 refuses: an HTTP/1.1 request without exactly one
    ``Host``, several ``Content-Length`` fields, ``Content-Length`` with
    ``Transfer-Encoding``. Then require method ``GET``, ``HTTP/1.1``, the path of
-   ``url=`` as a reverse proxy passes it on (``path_matches``: unchanged, or with a
-   leading part cut off at a "/", down to "/"; percent-escapes, "//" and dot
-   segments read as nginx reads them; a query string is ignored), a ``Connection``
-   list holding ``upgrade`` and an ``Upgrade`` list holding ``websocket``. The
-   upstream Go server checks only the two headers and leaves the path to the
-   proxy; checking it here still refuses every path a front should not have passed.
-4. Answer exactly::
+   ``url=`` (``path_matches``: that path and no other, percent-escapes, "//" and dot
+   segments read as nginx reads them; a query string is ignored) or, behind a front
+   that rewrites it, the path given in ``bridge-path=``, a ``Connection`` list
+   holding ``upgrade`` and an ``Upgrade`` list holding ``websocket``. The upstream
+   Go server checks only the two headers and leaves the path to the proxy; checking
+   it here refuses every path a front should not have passed, and is all that
+   guards the bridge when it is the front itself (``tls-cert=``).
+4. Answer exactly (``switching_protocols``)::
 
        HTTP/1.1 101 Switching Protocols\r\n
        Connection: upgrade\r\n
        Upgrade: websocket\r\n
        \r\n
+
+   with ``Sec-WebSocket-Accept`` (RFC 6455's SHA-1 of the key and its GUID) before
+   the blank line when the request carried one key, and, when we are the front
+   (``tls-cert=``), nginx's ``Server: nginx`` and ``Date`` after the status line, as
+   on our other pages. No extension is ever accepted.
 
    Anything else is answered as nginx would (``error_page``: its page, ``Server:
    nginx``, ``Date``, no body after a HEAD), never with a 101: ``404 Not Found``
@@ -92,7 +105,7 @@ url=                          ``ClientConfig.url``, ``ServerConfig.url``
 Host header                   ``host_header(url)`` (Go's ``url.Hostname``, bracketed)
 servername= (SNI list)        ``ClientConfig.servernames``; this route's: ``.servername``
 addr=                         ``ClientConfig.address`` (where to dial)
-the request, the 101          ``upgrade_request(config)``, ``SWITCHING_PROTOCOLS``
+the request, the 101          ``upgrade_request(config)`` / ``browser_request``, ``switching_protocols``
 head limit                    ``MAX_HEAD`` = 16 KiB, terminator included
 synthetic address             ``synthetic_address(url)``, ``WebTunnel.public_address``
 X-Forwarded-For               ``WebTunnel.peer_address``, port ``FORWARDED_PORT``
@@ -136,7 +149,8 @@ What a censor still sees
 * The TLS ClientHello. On the browser route (curl_cffi installed and its
   self-test passed: ``browser_tls``) it is Chrome's when it opens a ``wss://``
   WebSocket, JA4 ``t13d1515h1_8daaf6152771_0a20fe35d3a5`` (``utls=hellofirefox_*``:
-  Firefox's), always a full handshake (no resumption) and no close_notify at
+  Firefox's), always a full handshake (no resumption: no ``pre_shared_key``,
+  so no session ticket links one tunnel to the next) and no close_notify at
   the end. Otherwise it is Python's OpenSSL hello (``ssl.OPENSSL_VERSION``, JA4
   ``t13d1812h1_85036bcba153_d41ae481755e`` with OpenSSL 3.0): its own cipher and
   extension lists and no GREASE, which tells it from every browser and from
@@ -150,6 +164,7 @@ What a censor still sees
   which is the point of the design.
 """
 
+import base64
 import hashlib
 import ipaddress
 import os
@@ -178,6 +193,7 @@ SWITCHING_PROTOCOLS = (b"HTTP/1.1 101 Switching Protocols\r\n"
                        b"Connection: upgrade\r\n"
                        b"Upgrade: websocket\r\n"
                        b"\r\n")
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"    # RFC 6455 1.3
 STATUS_101 = "HTTP/1.1 101 Switching Protocols"
 
 # States.
@@ -197,7 +213,12 @@ REFUSED_CLIENT_OPTIONS = {
     "sni-imitation": "sni-imitation= (a different SNI than the certificate's name) is not supported "
                      "by this implementation: remove sni-imitation= and give the name in servername=",
 }
-SERVER_OPTIONS = ("url", "tls-cert", "tls-key")
+SERVER_OPTIONS = ("url", "tls-cert", "tls-key", "bridge-path")
+
+
+class WarningNote(str):
+    """A note (``ClientConfig.notes``) the core says at WARNING rather than NOTICE."""
+    level = 30        # logging.WARNING
 
 
 class ProtocolError(Exception):
@@ -227,8 +248,8 @@ def _parse_url(url):
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as exc:     # urlsplit's words name the part (a bad port, a bracket)
-        raise ValueError("url= is not a valid URL (%s)" % exc)
+    except ValueError as exc:     # urlsplit's own words may quote the host or the port
+        raise ValueError("url= is not a valid URL (%s)" % _url_error_words(str(exc)))
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         raise ValueError("url=: the scheme must be https (or http, without TLS), not %r"
@@ -239,6 +260,17 @@ def _parse_url(url):
         raise ValueError("url=: the host holds a character no host name has "
                          "(a space, a backslash, a quote, ...)")
     return scheme, parts, port or (443 if scheme == "https" else 80)
+
+
+def _url_error_words(text):
+    """urlsplit's complaint in words that quote no part of url= (which it may echo)."""
+    if "IPv6" in text:
+        return "a bracket in the host is not closed, or not an IPv6 address"
+    if "Port" in text or "port" in text:
+        return "the port is not a number from 0 to 65535"
+    if "NFKC" in text:
+        return "the host holds characters that change under NFKC normalization"
+    return "it does not parse as one"
 
 
 # url= carries the secret path (a bearer token) and the bridge's host, which the log
@@ -252,6 +284,14 @@ def _hostname(netloc):
     if host.startswith("["):
         return host[1:host.find("]")]
     return host.partition(":")[0]
+
+
+def _is_ip(host):
+    try:
+        ipaddress.ip_address(unquote(host).partition("%")[0])
+        return True
+    except ValueError:
+        return False
 
 
 def host_header(url):
@@ -401,10 +441,11 @@ class ServerConfig:
     ``clock`` (seconds since the epoch) dates the error pages, as a web server does."""
 
     url: str
-    target: str                       # the path a client must ask for
+    target: str                       # the one path that gets a 101: url='s, or bridge-path=
     context: Optional[ssl.SSLContext]   # None: plain HTTP behind a reverse proxy
     notes: Tuple[str, ...] = ()
     clock: Optional[Callable[[], float]] = None     # None: pages carry no Date
+    rewritten: bool = False           # target is bridge-path= (the front rewrites url='s path)
 
 
 def client_config(options):
@@ -439,6 +480,11 @@ def client_config(options):
                              % (names.index(name) + 1, len(names)))
     if not tls and "servername" in options:
         notes.append("servername= has no effect with an http:// url= (no TLS, no SNI)")
+    if tls and _is_ip(default_host) and any(not _is_ip(name) for name in names):
+        notes.append(WarningNote("url= names an IP address but servername= a name: the request says Host: "
+                     "the address under an SNI of the name, a pair no browser sends, which a "
+                     "TLS-terminating observer sees; write the name in url= and the address in "
+                     "addr= (url=https://NAME/PATH addr=ADDRESS:443)"))
     context = None
     if tls:
         context, note = client_context(options.get("utls"))
@@ -464,10 +510,17 @@ def server_config(options, state_dir=None):
     if not url:
         raise ValueError("missing url parameter")
     _parse_url(url)
+    target = request_target(url)
+    if not _segments(target):
+        raise ValueError("url= has no path: the secret path is the bridge's only secret "
+                         "(url=https://HOST/SECRET, a long random SECRET)")
     cert, key = options.get("tls-cert"), options.get("tls-key")
     if bool(cert) != bool(key):
         raise ValueError("tls-cert= and tls-key= go together (give both to terminate TLS here, "
                          "or neither to serve plain HTTP behind a reverse proxy)")
+    rewritten = "bridge-path" in options
+    if rewritten:
+        target = _bridge_path(options["bridge-path"], bool(cert))
     context = None
     if cert:
         for option, path in (("tls-cert", cert), ("tls-key", key)):
@@ -480,8 +533,24 @@ def server_config(options, state_dir=None):
                              % (cert, key, exc.reason or exc))
         except OSError as exc:
             raise OSError("tls-cert=%s, tls-key=%s: %s" % (cert, key, exc.strerror or exc))
-    config = ServerConfig(url=url, target=request_target(url), context=context, clock=time.time)
+    config = ServerConfig(url=url, target=target, context=context, clock=time.time,
+                          rewritten=rewritten)
     return config, {"url": url, "ver": VERSION}
+
+
+def _bridge_path(value, terminates_tls):
+    """bridge-path=: the path the front passes to the bridge when it rewrites url='s
+    (nginx's ``proxy_pass http://HOST:PORT/;`` in the secret location passes "/"). The
+    bridge then answers that path alone, and the front is what keeps the secret: it
+    must pass nothing else. ValueError names the option, never the value (it may be
+    the secret path itself)."""
+    if terminates_tls:
+        raise ValueError("bridge-path= is for a bridge behind a front that rewrites the path; "
+                         "with tls-cert= this server is the front, and it serves url='s path alone")
+    if not value.startswith("/") or not _PATH_OK.match(value) or _PCT.search(value):
+        raise ValueError("bridge-path= must be a path as the front passes it: starting with "
+                         "\"/\", without a query, a fragment, spaces or a malformed escape")
+    return value
 
 
 # nginx's defaults (1.22, ssl_ciphers and ssl_prefer_server_ciphers): its cipher string,
@@ -579,6 +648,24 @@ def parse_fields(lines):
     return fields
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "PRI")
+_VERSION_WORD = re.compile(r"HTTP/\d\.\d\Z")
+
+
+def _request_line_words(line):
+    """A request line for the log with every word but a known method (first) and an
+    HTTP version replaced by its length: a line that is slightly off may still carry
+    the secret path, which no log line quotes."""
+    words = line.split(" ")
+    shown = []
+    for number, word in enumerate(words):
+        if (number == 0 and word in _METHODS) or _VERSION_WORD.match(word) or not word:
+            shown.append(word)
+        else:
+            shown.append("<%d bytes>" % len(word))
+    return repr(" ".join(shown)[:200])
+
+
 def tokens(fields, name):
     """The lower-case comma-separated tokens of every ``name`` field."""
     return [token.strip(" \t").lower() for value in fields.get(name, ())
@@ -590,6 +677,66 @@ def upgrade_request(config):
     return ("GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: %s\r\n"
             "Connection: upgrade\r\nUpgrade: websocket\r\n\r\n"
             % (config.target, config.host, USER_AGENT)).encode("latin-1")
+
+
+def browser_request(config, user_agent, key):
+    """The upgrade request Chrome sends for ``new WebSocket("wss://HOST/PATH")``, for the
+    browser route, whose ClientHello is Chrome's: its header names, order, case and
+    values (Chromium's, as third-party captures of Chrome 58 to 145 show them), the
+    ``user_agent`` of the Chrome version the hello belongs to, ``key`` as
+    Sec-WebSocket-Key and an Origin of the same site. ``Connection: Upgrade`` alone, as
+    Chrome writes it: the upstream Go server compares the whole value with "upgrade".
+    The permessage-deflate offer is Chrome's; no server of ours accepts it, so no frame
+    is ever compressed (nor framed at all: the stream after the 101 is raw)."""
+    host = authority(config.url)
+    return ("GET %s HTTP/1.1\r\n"
+            "Host: %s\r\n"
+            "Connection: Upgrade\r\n"
+            "Pragma: no-cache\r\n"
+            "Cache-Control: no-cache\r\n"
+            "User-Agent: %s\r\n"
+            "Upgrade: websocket\r\n"
+            "Origin: https://%s\r\n"
+            "Sec-WebSocket-Version: 13\r\n"
+            "Accept-Encoding: gzip, deflate, br, zstd\r\n"
+            "Accept-Language: en-US,en;q=0.9\r\n"
+            "Sec-WebSocket-Key: %s\r\n"
+            "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+            "\r\n" % (config.target, host, user_agent, host, key)).encode("latin-1")
+
+
+def authority(url):
+    """HOST, or HOST:PORT when url='s port is not https's 443: the Host (and Origin) a
+    browser writes for a ``wss://`` URL."""
+    port = _parse_url(url)[2]
+    return host_header(url) + ("" if port == 443 else ":%d" % port)
+
+
+def websocket_key(random_bytes=os.urandom):
+    """A fresh Sec-WebSocket-Key: 16 random bytes in base64 (RFC 6455 4.1)."""
+    return base64.b64encode(random_bytes(16)).decode("ascii")
+
+
+def websocket_accept(key):
+    """The Sec-WebSocket-Accept for ``key``: base64 of SHA-1(key + the GUID) (RFC 6455 4.2.2)."""
+    return base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode("latin-1")).digest()).decode("ascii")
+
+
+def switching_protocols(key=None, date=None, front=False):
+    """Our 101: the upstream Go server's bytes, plus Sec-WebSocket-Accept when the request
+    carried one Sec-WebSocket-Key (no other header is answered: no extension, no
+    subprotocol). ``front``: we terminate TLS ourselves, so the 101 carries nginx's
+    Server and Date (``date``, seconds since the epoch; None: no Date) in nginx's order,
+    as our other pages do and as nginx's 101 does behind it."""
+    head = "HTTP/1.1 101 Switching Protocols\r\n"
+    if front:
+        head += "Server: nginx\r\n"
+        if date is not None:
+            head += "Date: %s\r\n" % formatdate(date, usegmt=True)
+    head += "Connection: upgrade\r\nUpgrade: websocket\r\n"
+    if key is not None:
+        head += "Sec-WebSocket-Accept: %s\r\n" % websocket_accept(key)
+    return (head + "\r\n").encode("latin-1")
 
 
 def error_page(status, date=None, head=False):
@@ -657,7 +804,8 @@ class WebTunnel:
     name = "webtunnel"
     ProtocolError = ProtocolError
     expensive = True            # per connection: True when this side does TLS
-    secret_options = ()
+    # url= holds the secret path; bridge-path= may be it, or a part of it.
+    secret_options = ("url", "bridge-path")
     uses_state_dir = False
 
     @classmethod
@@ -718,6 +866,18 @@ class WebTunnel:
             self.state = TLS_HANDSHAKE
         else:
             self.state = WAIT_RESPONSE if initiator else WAIT_REQUEST
+        # The client's request: Chrome's under Chrome's hello (the browser route), else
+        # lyrebird's (Python's ssl, whose hello is no browser's, and http://). A server's
+        # 101, once sent, is ``response``.
+        self._key = None
+        self.request = self.response = None
+        if initiator:
+            user_agent = getattr(context, "user_agent", None)
+            if isinstance(self._tls, browser_tls.BrowserTLS) and user_agent:
+                self._key = websocket_key()
+                self.request = browser_request(config, user_agent, self._key)
+            else:
+                self.request = upgrade_request(config)
 
     @property
     def is_open(self):
@@ -731,7 +891,7 @@ class WebTunnel:
             if self.initiator:
                 self._handshake()
             return self._outgoing.read()
-        return upgrade_request(self.config) if self.initiator else b""
+        return self.request if self.initiator else b""
 
     def receive(self, data):
         """The plaintext the peer's bytes carried: b"" while handshaking, then the stream."""
@@ -748,7 +908,7 @@ class WebTunnel:
             if not self._handshake():
                 return b""
             if self.initiator:
-                self._tls.write(upgrade_request(self.config))
+                self._tls.write(self.request)
             self.state = WAIT_REQUEST if not self.initiator else WAIT_RESPONSE
         plaintext = self._read_tls()
         if self.state == OPEN:
@@ -841,7 +1001,7 @@ class WebTunnel:
                 else:
                     line = first_line(buffer, _NOT_REQUEST_LINE, self._scanned)
                     if line is not None and not _REQUEST_LINE.match(line):
-                        raise HeadError("not a request line: %r" % line[:200])
+                        raise HeadError("not a request line: %s" % _request_line_words(line))
                 self._line = line
                 self._scanned = max(0, len(buffer) - 1)     # a CR at the end waits for its LF
                 self._head_scanned = len(line or "")
@@ -878,6 +1038,12 @@ class WebTunnel:
         """Step 4: only our 101 opens the tunnel."""
         upgrade = [value.lower() for value in fields.get("upgrade", ())]
         if line == STATUS_101 and upgrade == ["websocket"] and "upgrade" in tokens(fields, "connection"):
+            accept = fields.get("sec-websocket-accept")
+            if self._key is not None and accept is not None and accept != [websocket_accept(self._key)]:
+                # An Accept is optional (the upstream server sends none); a wrong one is
+                # not an answer to our request.
+                raise self._fail("the server's 101 carries a Sec-WebSocket-Accept that is not "
+                                 "the one for our key: check url= and addr=")
             return
         code = line.split(" ")[1] if line.count(" ") else ""
         if line == STATUS_101:
@@ -896,27 +1062,33 @@ class WebTunnel:
         method, target, version = _REQUEST_LINE.match(line).groups()
         self._method = method
         if not version.startswith("HTTP/1."):
-            raise self._refuse(BAD_REQUEST, "not HTTP/1.x (%r): answered 400" % line[:200])
+            raise self._refuse(BAD_REQUEST, "not HTTP/1.x (%s): answered 400" % _request_line_words(line))
         malformed = _malformed(fields, version)
         if malformed:     # RFC 9112 says to refuse these, and nginx answers them 400
             raise self._refuse(BAD_REQUEST, "a malformed request (%s): answered 400" % malformed)
         path = target.partition("?")[0]
         why = None
         if method != "GET" or version != "HTTP/1.1":
-            why = "%s %s, not GET HTTP/1.1" % (method, version)
+            why = "%s %s, not GET HTTP/1.1" % (method if method in _METHODS else
+                                                "<%d bytes>" % len(method), version)
         elif not path_matches(path, self.config.target):
-            why = path_mismatch(path, self.config.target)
+            why = path_mismatch(path, self.config.target, self.config.rewritten, self._tls is None)
         elif "upgrade" not in tokens(fields, "connection"):
             why = "no Connection: upgrade"
         elif "websocket" not in tokens(fields, "upgrade"):
             why = "no Upgrade: websocket"
         if why:
             raise self._refuse(NOT_FOUND, "not a webtunnel upgrade (%s): answered 404" % why)
+        keys = fields.get("sec-websocket-key", ())
+        key = keys[0] if len(keys) == 1 else None
         if self._tls is None:
             self.peer_address = forwarded_for(fields)
-            self._owed += SWITCHING_PROTOCOLS
+            self.response = switching_protocols(key)
+            self._owed += self.response
         else:     # we are the front: X-Forwarded-For is whatever the client wrote
-            self._tls.write(SWITCHING_PROTOCOLS)
+            clock = getattr(self.config, "clock", None)
+            self.response = switching_protocols(key, clock() if clock else None, front=True)
+            self._tls.write(self.response)
 
     def _fail(self, message, reply=b"", data=b""):
         self.state = FAILED
@@ -1042,41 +1214,48 @@ def _segments(path):
     """A request path as a web server matches it: percent-decoded, with empty and "."
     segments dropped and ".." resolved (nginx passes the path as the client wrote it;
     ``/%6B7Qm...``, ``//k7Qm...`` and ``/x/../k7Qm...`` all reached its exact location).
-    A final "/" stays significant."""
+    A final "/" stays significant, and so does one that decoding or a final "." or
+    ".." makes (RFC 3986 5.2.4: ``/k7Qm.../.`` is ``/k7Qm.../``)."""
     segments = []
-    for segment in unquote(path).split("/"):
+    written = unquote(path).split("/")
+    for segment in written:
         if segment == "..":
             if segments:
                 segments.pop()
         elif segment not in ("", "."):
             segments.append(segment)
-    if path.endswith("/") and segments:
+    if segments and written[-1] in ("", ".", ".."):
         segments.append("")
     return segments
 
 
 def path_matches(path, target):
-    """Whether a request for ``path`` is for url='s path ``target`` as a reverse proxy
-    may pass it on: unchanged (nginx's ``proxy_pass http://HOST:PORT;`` in an exact
-    location, as upstream's documentation writes it), or with a leading part cut off
-    at a "/": ``/k7Qm...`` from ``location /bridge/ { proxy_pass http://HOST:PORT/; }``,
-    down to ``/`` itself (``proxy_pass http://HOST:PORT/;`` in the exact location,
-    Apache's ``ProxyPass /k7Qm... ws://HOST:PORT/``, Caddy's ``handle_path``). The
-    upstream server checks no path at all; this still refuses every other path, so
-    a front that forwards more than the secret location does not hand out 101s,
-    except on "/" itself (README: the secret belongs in the last segment)."""
-    got, wanted = _segments(path), _segments(target)
-    return len(got) <= len(wanted) and got == wanted[len(wanted) - len(got):]
+    """Whether a request for ``path`` is for ``target``, the one path this bridge serves
+    (url='s, or ``bridge-path=`` when the front rewrites it): the same segments once
+    read as a web server reads them (``_segments``: percent-escapes decoded, empty and
+    dot segments resolved, a final "/" significant), which is how nginx's exact
+    ``location`` matched it. An origin-form target only (it starts with "/"). Nothing
+    else matches: not "/", not a part of the path, not the path with a "/" added, so
+    a front that forwards every path (or none: ``tls-cert=``) hands a prober without
+    the secret path no 101. (url='s path has a segment at least: ``server_config``.)"""
+    return path.startswith("/") and _segments(path) == _segments(target)
 
 
-def path_mismatch(path, target):
-    """Why ``path`` is not url='s, in words that never quote either path (url='s is the
-    bridge's secret): their lengths and numbers of segments."""
+def path_mismatch(path, target, rewritten=False, front=True):
+    """Why ``path`` is not ``target``, in words that never quote either (url='s path is
+    the bridge's secret, and so may be ``bridge-path=``): their lengths and numbers of
+    segments. ``rewritten``: ``target`` is bridge-path='s. ``front``: a front stands
+    before us (no ``tls-cert=``), so a path cut short may be its doing."""
     got, wanted = _segments(path), _segments(target)
-    return ("the path is not url='s, nor url='s with a leading part cut off: %d bytes in %d "
-            "segment(s) arrived, url='s path is %d bytes in %d; a reverse proxy that rewrites "
-            "the path must pass it unchanged or only cut a leading part off"
-            % (len(path), len(got), len(target), len(wanted)))
+    whose, what = ("bridge-path='s", "bridge-path=") if rewritten else ("url='s", "url='s path")
+    words = ("the path is not %s: %d bytes in %d segment(s) arrived, %s is %d bytes in %d"
+             % (whose, len(path), len(got), what, len(target), len(wanted)))
+    if not front or rewritten:
+        return words
+    if len(got) < len(wanted) and got == wanted[len(wanted) - len(got):]:
+        return words + ("; if the front cuts a leading part off the path (nginx: proxy_pass "
+                        "http://HOST:PORT/;), give the path it passes in bridge-path=")
+    return words + "; a front that rewrites the path: give the path it passes in bridge-path="
 
 
 def _where_it_points(location, url):

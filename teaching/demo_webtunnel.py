@@ -588,9 +588,9 @@ def tls_records_section(walk, hello):
     c_records, c_end = open_direction(walk.c_sent, suite, keys[KEY_LOG_LABELS[0]], keys[KEY_LOG_LABELS[2]])
     s_records, s_end = open_direction(walk.s_sent, suite, keys[KEY_LOG_LABELS[1]], keys[KEY_LOG_LABELS[3]])
     records_table(walk, "client -> server", c_records, c_end, len(walk.c_sent),
-                  len(webtunnel.upgrade_request(walk.client.config)), "the upgrade request")
+                  len(walk.client.request), "the upgrade request")
     records_table(walk, "server -> client", s_records, s_end, len(walk.s_sent),
-                  len(webtunnel.SWITCHING_PROTOCOLS), "the 101")
+                  len(walk.server.response), "the 101")
     walk.check(stage.leaf in handshake_messages(s_records).get("Certificate", b""),
                "the server's Certificate message does not carry the demo's certificate")
     print("  Checked: every sealed record opened (its tag verified) and the server's Certificate message")
@@ -637,11 +637,11 @@ def application_data(records):
 
 def upgrade_section(walk, c_plain, s_plain, where):
     """The request and the 101 as they were sent; returns both."""
-    request, response = webtunnel.upgrade_request(walk.client.config), webtunnel.SWITCHING_PROTOCOLS
+    request, response = walk.client.request, walk.server.response     # the bytes each one sent
     walk.title("The upgrade, %s" % where)
     for label, data, expected, made_by in (
             ("client -> server", c_plain, request, "webtunnel.upgrade_request"),
-            ("server -> client", s_plain, response, "webtunnel.SWITCHING_PROTOCOLS")):
+            ("server -> client", s_plain, response, "webtunnel.switching_protocols")):
         print("  %s, %d bytes (%s):" % (label, len(expected), made_by))
         for line in expected.decode("latin-1").split("\r\n")[:-1]:
             print(walk.style("clear", "    %s\\r\\n" % line))

@@ -98,7 +98,8 @@ EXAMPLE = dict(listen="443", server_name="example.org", cert_file="/etc/ssl/exam
 
 # Other fronts operators write (tests only; VARIANTS[name] replaces the proxy_pass line
 # of SERVER_BLOCK, and "location" replaces its location line). Our server serves the
-# first three (webtunnel-4 finding 3) and refuses a rewrite to another path.
+# first two when told the path they pass (bridge-path=), and refuses a rewrite to another
+# path unless told so too; "every path" is a front that passes the bridge everything.
 VARIANTS = {
     # location = /SECRET { proxy_pass http://H:P/; }: nginx passes "/" on
     "trailing slash": dict(proxy_pass="proxy_pass http://{backend}/;"),
@@ -106,6 +107,8 @@ VARIANTS = {
     "prefix location": dict(location="location /bridge/ {{", proxy_pass="proxy_pass http://{backend}/;"),
     # a rewrite to a path of its own: "/ws"
     "rewrite": dict(proxy_pass="rewrite ^ /ws break;\n        proxy_pass http://{backend};"),
+    # a regular expression every path matches, ahead of the cover's "location /"
+    "every path": dict(location="location ~ ^/ {{"),
     # https:// to our plain-HTTP port (newcomer-4 D4)
     "https upstream": dict(proxy_pass="proxy_pass https://{backend};"),
 }

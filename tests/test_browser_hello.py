@@ -104,6 +104,89 @@ def test_our_client_process_sends_the_pinned_hello_on_the_wire():
     assert tlswire.hello(first).sni == "wt.test"
 
 
+# --- Every tunnel a full handshake, on the wire ------------------------------------------------
+
+def _pipe(source, sink):
+    try:
+        while True:
+            data = source.recv(65536)
+            if not data:
+                break
+            sink.sendall(data)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+class HelloRecorder(EchoServer):
+    """A TCP relay in front of ``backend`` that keeps the ClientHello each connection
+    starts with (``hellos``), as an observer on the path sees it, and passes every
+    byte on both ways."""
+
+    def __init__(self, backend):
+        self.backend, self.hellos = backend, []
+        EchoServer.__init__(self)
+
+    def _serve(self, conn):
+        with conn:
+            conn.settimeout(30)
+            first = b""
+            while tlswire.hello(first) is None:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                first += data
+            self.hellos.append(tlswire.hello(first))
+            with socket.create_connection(self.backend, timeout=30) as upstream:
+                upstream.sendall(first)
+                back = threading.Thread(target=_pipe, args=(upstream, conn), daemon=True)
+                back.start()
+                _pipe(conn, upstream)
+                back.join(30)
+
+
+PRE_SHARED_KEY = 41      # the extension a resumed TLS 1.3 hello carries, its identity in clear
+
+
+@pytest.mark.parametrize("route", ["browser", "python"])
+def test_every_tunnel_is_a_full_handshake_with_the_pinned_hello(route, ca):
+    """Tunnels one after another and then at once, each to a bridge that issues TLS 1.3
+    session tickets (ours with tls-cert=, as nginx does): every ClientHello on the wire
+    has no pre_shared_key (nothing links one tunnel to the next) and the route's JA4.
+    The shared curl multi handle used to offer one ticket on every later tunnel."""
+    if route == "browser":
+        require_browser_route()
+        expected = CHROME_WEBSOCKET_JA4
+    else:
+        expected = browser_tls.ja4_of(webtunnel.default_client_context())
+    env = dict(os.environ, SSL_CERT_FILE=ca.ca_file,
+               OBFSPROXY_HELLO="auto" if route == "browser" else "python")
+    options = "url=https://wt.test%s;tls-cert=%s;tls-key=%s" % (PATH, ca.cert_file, ca.key_file)
+    with EchoServer() as dest, \
+            Program("server", "--transport=webtunnel", "--transport-options=" + options,
+                    "--dest=127.0.0.1:%d" % dest.address[1], "127.0.0.1:0") as server, \
+            HelloRecorder(server.address) as recorder, \
+            Program("client", "--transport=webtunnel", "127.0.0.1:0", env=env) as client:
+        args = "url=https://127.0.0.1:%d%s;servername=wt.test" % (recorder.address[1], PATH)
+
+        def tunnel(number):
+            data = b"tunnel %d" % number
+            with socks5_connect(client.address, ("wt.test", 443), args=args) as sock:
+                assert echo_round_trip(sock, data) == data
+
+        for number in range(6):
+            tunnel(number)
+        threads = [threading.Thread(target=tunnel, args=(number,)) for number in range(6, 12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert dest.accepted == 12      # (the echo may see a reset: no close_notify on this route)
+    assert len(recorder.hellos) == 12
+    assert [hello.extension(PRE_SHARED_KEY) for hello in recorder.hellos] == [None] * 12
+    assert [tlswire.ja4(hello) for hello in recorder.hellos] == [expected] * 12
+
+
 # --- utls= on the browser route --------------------------------------------------------------------
 
 @pytest.mark.parametrize("utls, target, noted", [
@@ -214,6 +297,31 @@ def test_dropped_tunnels_release_their_handles_and_sockets(ca, monkeypatch):
     assert not curl.taken and not curl.lingering
 
 
+def test_the_first_step_waits_until_curl_has_written_its_hello(monkeypatch):
+    """Nothing but curl's own timer can bring the hello out: a first step that gave up
+    before it (HANDSHAKE_WAITS, made 1 here as a loaded machine's short wait) left a
+    tunnel silent until its handshake timed out."""
+    require_browser_route()
+    monkeypatch.setattr(browser_tls, "HANDSHAKE_WAITS", 1)
+    for _ in range(5):
+        hello = tlswire.hello(browser_tls.first_flight(browser_tls.context(), "wt.test"))
+        assert hello is not None and tlswire.ja4(hello) == CHROME_WEBSOCKET_JA4
+
+
+def test_a_result_left_for_a_freed_handle_goes_with_it():
+    """A handshake's end read for a handle (by another tunnel's timer step) that its
+    owner never took must not outlive the handle: the next handle at that address would
+    take it for its own."""
+    require_browser_route()
+    tls = browser_tls.context().wrap_bio(ssl.MemoryBIO(), ssl.MemoryBIO(), server_hostname="wt.test")
+    curl = tls._curl
+    key = int(curl.ffi.cast("uintptr_t", tls._easy))
+    with curl.lock:
+        curl.results[key] = browser_tls.CURLE_OK
+    tls.close()
+    assert key not in curl.results
+
+
 # --- Both routes through nginx, TLS 1.2 and 1.3 ---------------------------------------------------------
 
 @pytest.fixture(params=["1.2", "1.3"])
@@ -256,8 +364,12 @@ def test_both_routes_carry_data_through_nginx(front, ca, route):
 # --- Falling back to Python's ssl ----------------------------------------------------------------
 
 BROKEN = {
-    "missing": ("raise ImportError('No module named curl_cffi', name='curl_cffi')\n", None,
+    "missing": ("raise ModuleNotFoundError('No module named curl_cffi', name='curl_cffi')\n", None,
                 "curl_cffi is not installed"),
+    # Installed, but without its binary module: not "not installed".
+    "incomplete": ("__version__ = '0.0'\n", None,
+                   "curl_cffi is installed but could not load (ImportError: curl_cffi._wrapper "
+                   "is missing): reinstall it"),
     # Imports, but its binary is not libcurl: the self-test fails.
     "broken": ("__version__ = '0.0'\n", "", "curl_cffi's self-test failed"),
 }

@@ -249,3 +249,40 @@ def test_a_wrong_cert_is_not_shown_by_either_side(tmp_path):
     assert_clean(client.log.lines, "the client's log")
     assert_clean(socks_client.log.lines, "the SOCKS client's log")
     assert_clean(server.log.lines, "the bridge's log")
+
+
+# --- webtunnel's url= path: the bridge's bearer token ----------------------------------
+
+WT_URL = "https://example.org/%s" % URL_PATH
+MALFORMED_LINES = ("GET /%s HTTP/1.1 " % URL_PATH,     # a trailing space
+                   "GET /%s HTTP/2.0" % URL_PATH,      # not HTTP/1.x
+                   "GET /%s" % URL_PATH,               # no version
+                   "GET /wrong-path HTTP/1.1")         # a path mismatch
+
+
+def test_a_webtunnel_server_never_logs_its_path():
+    """The bridge line said at NOTICE (url= is a secret option), and request lines that are
+    slightly off (which may carry the path): each refusal said, none quoting it."""
+    with Program("server", "--transport=webtunnel", "--transport-options=url=" + WT_URL,
+                 "--dest=127.0.0.1:1", "--log-min-severity=debug", "127.0.0.1:0") as server:
+        line = server.log.wait_for(r"bridge line for clients: (.*)$").group(1)
+        assert "url=<as given>" in line, line
+        for number, request in enumerate(MALFORMED_LINES, 1):
+            with socket.create_connection(server.address, timeout=WAIT) as sock:
+                sock.sendall(request.encode() + b"\r\nHost: example.org\r\nConnection: Upgrade\r\n"
+                             b"Upgrade: websocket\r\n\r\n")
+                assert recv_all(sock).startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 404 "))
+            server.log.wait_for(r"conn %d \(.*not webtunnel" % number, timeout=WAIT)
+    assert_clean(server.log.lines, "the webtunnel server's log")
+
+
+def test_a_managed_webtunnel_server_never_logs_its_path(tmp_path):
+    """Tor must get url= in SMETHOD's ARGS; the debug log's copy of that line must not."""
+    env = server_env(tmp_path, ("127.0.0.1", 1), transports="webtunnel",
+                     SERVER_TRANSPORT_OPTIONS="webtunnel:url=" + WT_URL)
+    with ManagedPT(env, "--log-min-severity=debug") as tor:
+        assert tor.args("webtunnel")["url"] == WT_URL
+    log_file = (tmp_path / "server-state" / "obfsproxy.log").read_text(encoding="utf-8").splitlines()
+    assert any("to Tor: SMETHOD webtunnel" in line for line in log_file), log_file[-20:]
+    assert_clean(log_file, "the managed log file")
+    assert_clean(tor.stderr.lines, "stderr")

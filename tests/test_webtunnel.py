@@ -13,8 +13,10 @@ Pairs run in memory, driven as the core drives a transport: ``start()``, then
 side of TLS, the other end is a bare ``ssl.SSLObject`` (``Raw``).
 """
 
+import base64
 import queue
 import random
+import re
 import socket
 import ssl
 import subprocess
@@ -228,12 +230,146 @@ def test_plain_client_sends_the_exact_request_at_once():
     assert not client.is_open and client.data_to_send() == b""
 
 
-def test_tls_client_sends_the_exact_request_inside_tls_and_nothing_more(trusted):
-    client = WebTunnel(True, WebTunnel.client_config({"url": URL}))
+def test_tls_client_on_python_ssl_sends_lyrebirds_request_and_nothing_more(trusted):
+    """Python's ssl sends no browser's hello, so no browser's request either: lyrebird's."""
+    client = WebTunnel(True, WebTunnel.client_config({"url": URL, "utls": "none"}))
     raw = raw_server(trusted)
     _, seen = exchange(client, raw)
     assert seen == REQUEST
     assert raw.sni == ["wt.test"] and raw.tls.selected_alpn_protocol() == "http/1.1"
+
+
+# What Chrome 136 sends for new WebSocket("wss://wt.test/k7Qm2Zx1c1b00b6"): header names,
+# order and case as in third-party captures of Chrome's WebSocket requests; KEY is fresh.
+CHROME_REQUEST = (b"GET /k7Qm2Zx1c1b00b6 HTTP/1.1\r\n"
+                  b"Host: wt.test\r\n"
+                  b"Connection: Upgrade\r\n"
+                  b"Pragma: no-cache\r\n"
+                  b"Cache-Control: no-cache\r\n"
+                  b"User-Agent: Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 "
+                  b"(KHTML, like Gecko) Chrome/136.0.0.0 Safari/537.36\r\n"
+                  b"Upgrade: websocket\r\n"
+                  b"Origin: https://wt.test\r\n"
+                  b"Sec-WebSocket-Version: 13\r\n"
+                  b"Accept-Encoding: gzip, deflate, br, zstd\r\n"
+                  b"Accept-Language: en-US,en;q=0.9\r\n"
+                  b"Sec-WebSocket-Key: KEY\r\n"
+                  b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+                  b"\r\n")
+
+
+def test_the_browser_route_sends_chromes_websocket_request_with_a_fresh_key(trusted):
+    """Under Chrome's hello, Chrome's request, byte for byte but for the key: 16 fresh
+    random bytes in base64, another each connection."""
+    config = WebTunnel.client_config({"url": URL})
+    if not isinstance(config.context, browser_tls.BrowserContext):
+        pytest.skip("the browser route is off here: %s" % browser_tls.route()[1])
+    keys = set()
+    for _ in range(3):
+        client = WebTunnel(True, config)
+        raw = raw_server(trusted)
+        _, seen = exchange(client, raw)
+        key = re.search(rb"Sec-WebSocket-Key: ([A-Za-z0-9+/=]+)\r\n", seen).group(1)
+        assert len(base64.b64decode(key, validate=True)) == 16
+        assert seen == CHROME_REQUEST.replace(b"KEY", key)
+        keys.add(key)
+    assert len(keys) == 3
+
+
+@pytest.mark.parametrize("url, host", [
+    ("https://wt.test:8443/k7Qm2Zx1c1b00b6", b"wt.test:8443"),
+    ("https://wt.test:443/k7Qm2Zx1c1b00b6", b"wt.test"),
+    ("https://[2001:db8::1]:8443/k7Qm2Zx1c1b00b6", b"[2001:db8::1]:8443"),
+])
+def test_chromes_request_names_the_port_as_chrome_does(url, host):
+    config = WebTunnel.client_config({"url": url, "utls": "none"})
+    request = webtunnel.browser_request(config, "UA", "KEY")
+    assert b"\r\nHost: %s\r\n" % host in request and b"\r\nOrigin: https://%s\r\n" % host in request
+
+
+@pytest.mark.parametrize("options, noted", [
+    ({"url": "https://127.0.0.1/k7Qm2Zx1c1b00b6", "servername": "wt.test"}, True),
+    ({"url": "https://[2001:db8::1]:8443/k7Qm2Zx1c1b00b6", "servername": "a.test,wt.test"}, True),
+    ({"url": "https://127.0.0.1/k7Qm2Zx1c1b00b6"}, False),
+    ({"url": "https://wt.test/k7Qm2Zx1c1b00b6", "addr": "127.0.0.1:443"}, False),
+    ({"url": "https://127.0.0.1/k7Qm2Zx1c1b00b6", "servername": "127.0.0.1"}, False),
+])
+def test_an_ip_url_with_a_named_servername_is_noted(options, noted):
+    """No browser sends Host: ADDRESS under SNI NAME; addr= gives the same dial without it."""
+    notes = WebTunnel.client_config(dict(options, utls="none")).notes
+    said = [note for note in notes if "url= names an IP address but servername= a name" in note]
+    assert all(note.level == 30 for note in said)          # a warning
+    assert bool(said) == noted, notes
+    assert not any("k7Qm2Zx1c1b00b6" in note or "wt.test" in note for note in notes)
+
+
+def go_header(head, name):
+    """Go's Header.Get: the first field of that name, or ""."""
+    for line in head.split(b"\r\n")[1:]:
+        field, _, value = line.partition(b":")
+        if field.strip().lower() == name.lower():
+            return value.strip(b" \t").decode("latin-1")
+    return ""
+
+
+def test_the_upstream_go_peers_checks_pass():
+    """The upstream Go server takes a request only when lower(Connection) == "upgrade" and
+    lower(Upgrade) == "websocket", whole values (so Firefox's "keep-alive, Upgrade" would
+    fail); its client takes a 101 only on the same two checks. Chrome's request and every
+    101 of ours pass them."""
+    request = webtunnel.browser_request(WebTunnel.client_config({"url": URL, "utls": "none"}), "UA", "KEY")
+    assert go_header(request, b"Connection").lower() == "upgrade"
+    assert go_header(request, b"Upgrade").lower() == "websocket"
+    for answer in (webtunnel.switching_protocols(), webtunnel.switching_protocols("KEY"),
+                   webtunnel.switching_protocols("KEY", CLOCK, front=True)):
+        assert answer.startswith(b"HTTP/1.1 101 Switching Protocols\r\n")
+        assert go_header(answer, b"Connection").lower() == "upgrade"
+        assert go_header(answer, b"Upgrade").lower() == "websocket"
+    assert webtunnel.switching_protocols() == SWITCHING       # what a Go client (no key) gets
+
+
+def test_sec_websocket_accept_is_rfc_6455s():
+    """RFC 6455 1.3's example key and answer."""
+    assert webtunnel.websocket_accept("dGhlIHNhbXBsZSBub25jZQ==") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+
+
+def test_a_request_with_a_key_gets_its_accept_and_nothing_else_is_answered():
+    """The server answers Chrome's request (its key) with the right Accept; it answers no
+    extension (permessage-deflate stays off: the stream is raw)."""
+    server = plain_server()
+    request = CHROME_REQUEST.replace(b"KEY", b"dGhlIHNhbXBsZSBub25jZQ==")
+    assert server.receive(request + b"stream") == b"stream" and server.is_open
+    assert server.data_to_send() == SWITCHING.replace(
+        b"\r\n\r\n", b"\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
+
+
+def test_a_tls_front_s_101_carries_server_date_and_accept(ca):
+    _, config = tls_configs(ca)
+    server = WebTunnel(False, replace(config, clock=lambda: CLOCK))
+    request = CHROME_REQUEST.replace(b"KEY", b"dGhlIHNhbXBsZSBub25jZQ==")
+    answer = feed_request(server, request, ca)
+    assert answer == (b"HTTP/1.1 101 Switching Protocols\r\nServer: nginx\r\n" + DATE +
+                      b"Connection: upgrade\r\nUpgrade: websocket\r\n"
+                      b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
+
+
+def test_the_client_refuses_a_wrong_accept_and_takes_none(trusted):
+    config = WebTunnel.client_config({"url": URL})
+    if not isinstance(config.context, browser_tls.BrowserContext):
+        pytest.skip("the browser route is off here: %s" % browser_tls.route()[1])
+    for answer, opens in ((SWITCHING, True),
+                          (SWITCHING[:-2] + b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+                           False)):
+        client = WebTunnel(True, config)
+        raw = raw_server(trusted)
+        exchange(client, raw)
+        raw.tls.write(answer)
+        try:
+            client.receive(raw.out.read())
+        except webtunnel.ProtocolError as exc:
+            assert not opens and "Sec-WebSocket-Accept" in str(exc)
+        else:
+            assert opens and client.is_open
 
 
 @pytest.mark.parametrize("url, host, target", [
@@ -263,8 +399,9 @@ def test_plain_server_answers_the_exact_101_and_keeps_trailing_bytes():
 
 
 def test_tls_server_answers_the_exact_101_and_keeps_trailing_bytes(ca):
+    """As the front, the 101 carries nginx's Server and Date, as our other pages do."""
     _, config = tls_configs(ca)
-    server = WebTunnel(False, config)
+    server = WebTunnel(False, replace(config, clock=lambda: CLOCK))
     raw = raw_client(ca)
     server_got, client_got = bytearray(), bytearray()
     to_server = raw.hello()
@@ -275,7 +412,7 @@ def test_tls_server_answers_the_exact_101_and_keeps_trailing_bytes(ca):
             raw.tls.write(REQUEST + b"early bytes")
         to_server = raw.out.read()
     assert server.is_open and bytes(server_got) == b"early bytes"
-    assert bytes(client_got) == SWITCHING
+    assert bytes(client_got) == SWITCHING.replace(b"Connection", b"Server: nginx\r\n" + DATE + b"Connection")
     assert server.peer_address is None
 
 
@@ -829,7 +966,7 @@ def test_server_config_errors(ca, tmp_path):
 
 def test_contract_attributes():
     assert WebTunnel.name == "webtunnel"
-    assert WebTunnel.secret_options == () and WebTunnel.uses_state_dir is False
+    assert WebTunnel.secret_options == ("url", "bridge-path") and WebTunnel.uses_state_dir is False
     assert getattr(WebTunnel, "prepare", lambda *args: None)(True, None) is None
     error = webtunnel.ProtocolError("words")
     assert error.reply == b"" and error.data == b""
@@ -843,24 +980,142 @@ def test_contract_attributes():
 BRIDGE_URL = "https://wt.test/bridge/k7Qm2Zx1c1b00b6"
 
 
+# --- The secret path holds: only url='s path (or bridge-path=) gets a 101 -------------------
+
+# What a prober without the secret path sends for URL's "/k7Qm2Zx1c1b00b6": every form of
+# "not the path", each with the full upgrade headers a WebSocket scanner adds.
+PROBE_TARGETS = {
+    "root": "/", "empty segments": "//", "three slashes": "///", "dot": "/.", "dot slash": "/./",
+    "dot dot": "/..", "dot dot above root": "/../..", "escaped slash": "/%2F",
+    "escaped slash, lower case": "/%2f", "escaped dot": "/%2e", "escaped dot dot": "/%2E%2E/",
+    "escaped NUL": "/%00", "empty query": "/?", "query": "/?q=1",
+    "the path in the query": "/?/k7Qm2Zx1c1b00b6", "fragment": "/#",
+    "the path in a fragment": "/#/k7Qm2Zx1c1b00b6", "asterisk": "*",
+    "absolute form": "https://wt.test/", "absolute form, http": "http://wt.test",
+    "absolute form with the path": "https://wt.test/k7Qm2Zx1c1b00b6",
+    "authority form": "wt.test:443", "network-path form": "//wt.test/",
+    "no slash": "k7Qm2Zx1c1b00b6", "upper case": "/K7QM2ZX1C1B00B6", "one letter's case": "/K7Qm2Zx1c1b00b6",
+    "trailing slash": "/k7Qm2Zx1c1b00b6/", "trailing escaped slash": "/k7Qm2Zx1c1b00b6%2F",
+    "trailing dot segment": "/k7Qm2Zx1c1b00b6/.", "trailing dot dot": "/k7Qm2Zx1c1b00b6/..",
+    "a prefix": "/k7Qm2Zx1c1b00b", "longer": "/k7Qm2Zx1c1b00b66", "an extra segment": "/k7Qm2Zx1c1b00b6/x",
+    "path parameter": "/k7Qm2Zx1c1b00b6;x", "escaped question mark": "/k7Qm2Zx1c1b00b6%3F",
+    "index": "/index.html", "very long": "/" + "a" * 8000,
+}
+PROBE_HEADERS = (b"Host: wt.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                 b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+
+
+def probe_request(target):
+    return b"GET " + target.encode() + b" HTTP/1.1\r\n" + PROBE_HEADERS
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls-cert"])
+def test_no_form_of_another_path_gets_a_101(ca, tls):
+    """A prober without the secret path: every form in PROBE_TARGETS gets a 404 (or a
+    400 for what is not a request line) and never opens the tunnel, on a plain server
+    (behind a front that forwards every path) and on one that is the front itself.
+    The same request with the path does open it: the probe can fail."""
+    for name, target in PROBE_TARGETS.items():
+        server = WebTunnel(False, plain_server().config if not tls else tls_configs(ca)[1])
+        error = None
+        try:
+            got = feed_request(server, probe_request(target), ca if tls else None)
+        except webtunnel.ProtocolError as exc:
+            error = exc
+        assert error is not None and not server.is_open, (name, got)
+        assert "answered 404" in str(error) or "answered 400" in str(error), (name, str(error))
+        assert "k7Qm2Zx1c1b00b" not in str(error).lower(), name
+    server = WebTunnel(False, plain_server().config if not tls else tls_configs(ca)[1])
+    feed_request(server, probe_request("/k7Qm2Zx1c1b00b6"), ca if tls else None)
+    assert server.is_open
+
+
+def feed_request(server, request, ca=None):
+    """Give ``server`` the request (through TLS from a bare client when ``ca``); what the
+    client read back."""
+    if ca is None:
+        server.receive(request)
+        return server.data_to_send()
+    raw = raw_client(ca)
+    to_server, client_got = raw.hello(), bytearray()
+    for _ in range(6):
+        try:
+            server.receive(to_server)
+        except webtunnel.ProtocolError as exc:
+            raw.feed(exc.reply)
+            raise
+        client_got += raw.feed(server.data_to_send())
+        if raw.up and not server.is_open and request:
+            raw.tls.write(request)
+            request = b""
+        to_server = raw.out.read()
+    return bytes(client_got)
+
+
 @pytest.mark.parametrize("url, path", [
     (URL, "/k7Qm2Zx1c1b00b6"),                  # the README's (and upstream's) nginx block
-    (URL, "/"),                                 # location = /k7Qm... { proxy_pass http://H:P/; }
     (URL, "/%6B7Qm2Zx1c1b00b6"),                # as nginx passes what a client escaped
     (URL, "//k7Qm2Zx1c1b00b6"),
     (URL, "/x/../k7Qm2Zx1c1b00b6"),
+    (URL, "/k7Qm2Zx1c1b00b6?x=1"),
     (BRIDGE_URL, "/bridge/k7Qm2Zx1c1b00b6"),
-    (BRIDGE_URL, "/k7Qm2Zx1c1b00b6"),           # location /bridge/ { proxy_pass http://H:P/; }
-    (BRIDGE_URL, "/"),
 ])
-def test_server_serves_a_proxy_that_cuts_a_leading_part_of_the_path(url, path):
-    """Finding 3: the upstream server checks no path, so fronts that cut the path (a
-    trailing-slash proxy_pass, a prefix location, Apache's ProxyPass to ws://H:P/,
-    Caddy's handle_path) worked with it and got every client a 404 from ours."""
+def test_server_takes_url_s_path_as_a_web_server_reads_it(url, path):
     server = plain_server(url)
     request = REQUEST.replace(b"/k7Qm2Zx1c1b00b6", path.encode())
     assert server.receive(request + b"stream") == b"stream" and server.is_open
     assert server.data_to_send() == SWITCHING
+
+
+@pytest.mark.parametrize("url, path", [
+    (URL, "/"),                                 # location = /k7Qm... { proxy_pass http://H:P/; }
+    (BRIDGE_URL, "/k7Qm2Zx1c1b00b6"),           # location /bridge/ { proxy_pass http://H:P/; }
+    (BRIDGE_URL, "/"),
+])
+def test_a_path_cut_by_the_front_needs_bridge_path(url, path):
+    """A front that cuts a leading part off the path (a trailing-slash proxy_pass, a prefix
+    location, Apache's ProxyPass to ws://H:P/, Caddy's handle_path): refused by default,
+    with a log line that says what to set (lengths only); served when bridge-path= names
+    the path the front passes, and then nothing else is."""
+    request = REQUEST.replace(b"/k7Qm2Zx1c1b00b6", path.encode())
+    server = plain_server(url)
+    with pytest.raises(webtunnel.ProtocolError) as caught:
+        server.receive(request)
+    words = str(caught.value)
+    assert caught.value.reply == NOT_FOUND and "give the path it passes in bridge-path=" in words
+    assert "if the front cuts a leading part off the path" in words
+    assert "%d bytes in" % len(path) in words and "k7Qm2Zx1c1b00b" not in words
+    config, announce = WebTunnel.server_config({"url": url, "bridge-path": path}, None)
+    assert announce == {"url": url, "ver": "0.0.2"}          # clients still get url=
+    server = WebTunnel(False, config)
+    assert server.receive(request + b"stream") == b"stream" and server.data_to_send() == SWITCHING
+    for other in ("/k7Qm2Zx1c1b00b6/", "/bridge/k7Qm2Zx1c1b00b6", "/x"):
+        if other != path:
+            server = WebTunnel(False, config)
+            with pytest.raises(webtunnel.ProtocolError) as caught:
+                server.receive(REQUEST.replace(b"/k7Qm2Zx1c1b00b6", other.encode()))
+            assert "the path is not bridge-path='s: %d bytes" % len(other) in str(caught.value)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"url": "https://wt.test"}, "url= has no path"),
+    ({"url": "https://wt.test/"}, "url= has no path"),
+    ({"url": "https://wt.test/./"}, "url= has no path"),
+    ({"url": URL, "bridge-path": "k7Qm2Zx1c1b00b6"}, "bridge-path= must be a path"),
+    ({"url": URL, "bridge-path": "/k7Qm2Zx1c1b00b6?x"}, "bridge-path= must be a path"),
+    ({"url": URL, "bridge-path": "/k7Qm2Zx1c1b00b6 x"}, "bridge-path= must be a path"),
+    ({"url": URL, "bridge-path": "/k7Qm2Zx1c1b00b6%zz"}, "bridge-path= must be a path"),
+])
+def test_server_options_that_would_open_the_bridge_are_refused(options, words):
+    with pytest.raises(ValueError) as caught:
+        WebTunnel.server_config(options, None)
+    assert words in str(caught.value) and "k7Qm2Zx1c1b00b6" not in str(caught.value)
+
+
+def test_bridge_path_is_refused_where_we_are_the_front(ca):
+    with pytest.raises(ValueError, match="with tls-cert= this server is the front"):
+        WebTunnel.server_config({"url": URL, "bridge-path": "/", "tls-cert": ca.cert_file,
+                                 "tls-key": ca.key_file}, None)
 
 
 @pytest.mark.parametrize("url, path", [
@@ -877,6 +1132,22 @@ def test_server_log_says_what_path_did_not_match_without_quoting_it(url, path):
     assert "the path is not url='s" in message
     assert "%d bytes in %d segment(s) arrived" % (len(path), len([p for p in path.split("/") if p]))
     assert "k7Qm2Zx1c1b00b" not in message and path not in message   # url='s path is the secret
+
+
+def test_an_unknown_method_is_not_quoted():
+    error = refused(b"k7Qm2Zx1c1b00b6 /x HTTP/1.1\r\nHost: wt.test\r\n\r\n")
+    assert error.reply == NOT_FOUND and "<15 bytes> HTTP/1.1, not GET HTTP/1.1" in str(error)
+
+
+@pytest.mark.parametrize("line", ["GET /k7Qm2Zx1c1b00b6 HTTP/1.1 ", "GET /k7Qm2Zx1c1b00b6 HTTP/2.0",
+                                  "GET /k7Qm2Zx1c1b00b6", "k7Qm2Zx1c1b00b6 HTTP/1.1",
+                                  "GET\t/k7Qm2Zx1c1b00b6 HTTP/1.1"])
+def test_a_malformed_request_line_is_not_quoted(line):
+    """A line slightly off may carry the secret path: the log gives its words' lengths."""
+    error = refused(line.encode() + b"\r\nHost: wt.test\r\n\r\n")
+    assert error.reply.startswith(BAD_REQUEST_HEAD)
+    assert "k7Qm2Zx1c1b00b" not in str(error), str(error)
+    assert "bytes>" in str(error) or "byte 0x09" in str(error), str(error)
 
 
 @pytest.mark.parametrize("fields, why", [

@@ -133,9 +133,11 @@ class Parts:
         self.logs.append((label, lambda: program.log.lines))
         return program
 
-    def server(self, dest, *extra, tls=False, url=SERVER_URL):
+    def server(self, dest, *extra, tls=False, url=SERVER_URL, bridge_path=None):
         """Our webtunnel server for ``url=``: plain HTTP for a front, or TLS itself."""
         options = "url=" + url
+        if bridge_path is not None:
+            options += ";bridge-path=" + bridge_path
         if tls:
             options += ";tls-cert=%s;tls-key=%s" % (self.ca.cert_file, self.ca.key_file)
         return self.program("server", "server", "--transport=webtunnel", "--transport-options=" + options,
@@ -148,7 +150,7 @@ class Parts:
         self.logs.append(("nginx error log", lambda: front.error_log().splitlines()))
         return front
 
-    def bridge(self, behaviour=None, front="nginx"):
+    def bridge(self, behaviour=None, front="nginx", variant=None):
         """A destination, our server before it and the ``front`` a client dials:
         "nginx" (TLS there, our server in plain HTTP behind it), "tls" (our server
         terminates TLS itself) or "http" (our server, no TLS at all). Returns
@@ -156,7 +158,7 @@ class Parts:
         dest = self.dest(behaviour)
         server = self.server(dest, tls=front == "tls")
         if front == "nginx":
-            return dest, server, self.nginx(server.address).url
+            return dest, server, self.nginx(server.address, variant=variant).url
         scheme = "https" if front == "tls" else "http"
         return dest, server, "%s://127.0.0.1:%d%s" % (scheme, server.address[1], PATH)
 
@@ -470,15 +472,32 @@ class RecordingTLSServer:
             self.done.set()
 
 
+def chrome_request(host, key):
+    """Chrome 136's request for new WebSocket("wss://HOST/PATH") (test_webtunnel.py has it
+    line by line)."""
+    return (b"GET %s HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nPragma: no-cache\r\n"
+            b"Cache-Control: no-cache\r\nUser-Agent: Mozilla/5.0 (Windows NT 10.0; Win64; x64) "
+            b"AppleWebKit/537.36 (KHTML, like Gecko) Chrome/136.0.0.0 Safari/537.36\r\n"
+            b"Upgrade: websocket\r\nOrigin: https://%s\r\nSec-WebSocket-Version: 13\r\n"
+            b"Accept-Encoding: gzip, deflate, br, zstd\r\nAccept-Language: en-US,en;q=0.9\r\n"
+            b"Sec-WebSocket-Key: %s\r\nSec-WebSocket-Extensions: permessage-deflate; "
+            b"client_max_window_bits\r\n\r\n" % (PATH.encode(), host.encode(), host.encode(), key))
+
+
+@pytest.mark.parametrize("route", ["browser", "python"])
 @pytest.mark.parametrize("how", ["url", "addr"])
-def test_the_exact_request_our_client_sends(parts, how):
-    """Inside TLS: the request exactly as lyrebird writes it (Host: the url= host without
-    port), SNI = servername, ALPN http/1.1, and nothing before the 101 (the application's
-    first bytes are the first after it). With addr= the client dials there and still
-    names url='s host in Host and SNI."""
+def test_the_exact_request_our_client_sends(parts, how, route):
+    """Inside TLS: on Python's ssl the request exactly as lyrebird writes it (Host: the
+    url= host without port), on the browser route Chrome's WebSocket request (Host and
+    Origin with a port other than 443, a fresh key); SNI = servername, ALPN http/1.1,
+    and nothing before the 101 (the application's first bytes are the first after it).
+    With addr= the client dials there and still names url='s host in Host and SNI."""
+    if route == "browser" and not browser_tls.route()[0]:
+        pytest.skip("the browser route is off here: %s" % browser_tls.route()[1])
     recorder = RecordingTLSServer(parts.ca, after_size=5)
     port = recorder.address[1]
-    client = parts.client("socks")
+    env = dict(parts.env(), OBFSPROXY_HELLO="auto" if route == "browser" else "python")
+    client = parts.client("socks", env=env)
     if how == "url":
         args = client.args("https://127.0.0.1:%d%s" % (port, PATH))
         host, sni = "127.0.0.1", NAME
@@ -490,7 +509,11 @@ def test_the_exact_request_our_client_sends(parts, how):
         sock.sendall(b"first")
         assert recv_exact(sock, 6) == b"answer"
     assert recorder.done.wait(20)
-    assert recorder.head == request(host=host)
+    if route == "python":
+        assert recorder.head == request(host=host)
+    else:
+        key = re.search(rb"\r\nSec-WebSocket-Key: (\S+)\r\n", recorder.head).group(1)
+        assert recorder.head == chrome_request("%s:%d" % (host, port), key)
     assert recorder.after == b"first"
     assert recorder.sni == sni and recorder.alpn == "http/1.1"
 
@@ -526,7 +549,7 @@ def tls_to(address, ca, servername=NAME):
 @pytest.mark.parametrize("front", ["http", "tls"])
 def test_the_exact_101_our_server_sends(parts, front):
     """Straight to our server (plain HTTP, or its own TLS): the upstream server's 101,
-    byte for byte, then the stream."""
+    byte for byte (as the front, with nginx's Server and Date first), then the stream."""
     dest, server, _ = parts.bridge(None, front)
     if front == "tls":
         sock = tls_to(server.address, parts.ca)
@@ -534,7 +557,13 @@ def test_the_exact_101_our_server_sends(parts, front):
         sock = socket.create_connection(server.address, timeout=20)
     with sock:
         head, rest = raw_upgrade(sock)
-        assert (head, rest) == (SWITCHING, b"")
+        if front == "tls":      # the front's 101 carries Server and Date, as its other pages
+            assert re.fullmatch(rb"HTTP/1\.1 101 Switching Protocols\r\nServer: nginx\r\n"
+                                rb"Date: [A-Z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d GMT\r\n"
+                                rb"Connection: upgrade\r\nUpgrade: websocket\r\n\r\n", head), head
+        else:
+            assert head == SWITCHING
+        assert rest == b""
         assert small_echo(sock, b"raw stream") == b"raw stream"
     assert dest.accepted == 1
 
@@ -557,6 +586,23 @@ def test_the_101_through_nginx(parts):
     assert dest.accepted == 1
 
 
+def test_chromes_request_through_nginx_gets_its_accept(parts):
+    """Chrome's request (the browser route's) through nginx: our 101 answers its key with
+    RFC 6455's Accept, nginx passes it on, and no extension is answered."""
+    dest, _, url = parts.bridge()
+    front = url.split("/")[2].split(":")
+    key = b"dGhlIHNhbXBsZSBub25jZQ=="
+    with tls_to((front[0], int(front[1])), parts.ca) as sock:
+        head, rest = raw_upgrade(sock, chrome_request(NAME, key))
+        lines = head.decode("latin-1").split("\r\n")
+        assert lines[0] == "HTTP/1.1 101 Switching Protocols"
+        fields = dict(line.split(": ", 1) for line in lines[1:-2])
+        assert sorted(fields) == ["Connection", "Date", "Sec-WebSocket-Accept", "Server", "Upgrade"], fields
+        assert fields["Sec-WebSocket-Accept"] == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        assert small_echo(sock, b"raw stream") == b"raw stream"
+    assert dest.accepted == 1
+
+
 # --- Probes never get a 101 and never reach the destination ---------------------------------
 
 JUNK = payload(600, seed=7)
@@ -570,9 +616,9 @@ PROBES = {   # name: (bytes, whether they go inside TLS where the front has TLS)
     "plain HTTP to the TLS port": (PLAIN_GET, False),
 }
 NOT_OURS = "not a webtunnel upgrade (%s): answered 404"
-WRONG_PATH = ("the path is not url='s, nor url='s with a leading part cut off: 11 bytes in 1 "
-              "segment(s) arrived, url='s path is 16 bytes in 1; a reverse proxy that rewrites "
-              "the path must pass it unchanged or only cut a leading part off")
+WRONG_PATH = ("the path is not url='s: 11 bytes in 1 segment(s) arrived, url='s path is 16 "
+              "bytes in 1; a front that rewrites the path: give the path it passes in bridge-path=")
+TLS_WRONG_PATH = "the path is not url='s: 11 bytes in 1 segment(s) arrived, url='s path is 16 bytes in 1"
 # (front, probe): the start of the answer, and what our server says at the default level
 # (None: the probe never reaches it, or it repeats a line said within the rate limit's
 # 10 s, Listener.complain).
@@ -582,7 +628,7 @@ EXPECTED = {
     ("nginx", "a plain GET"): (b"HTTP/1.1 200 OK\r\n", None),
     ("nginx", "random bytes"): (BAD_REQUEST_HEAD, None),             # not TLS: nginx's 400
     ("nginx", "plain HTTP to the TLS port"): (BAD_REQUEST_HEAD, None),   # nginx's own 400
-    ("tls", "wrong path"): (NOT_FOUND_HEAD, NOT_OURS % WRONG_PATH),
+    ("tls", "wrong path"): (NOT_FOUND_HEAD, NOT_OURS % TLS_WRONG_PATH),
     ("tls", "no upgrade headers"): (NOT_FOUND_HEAD, NOT_OURS % "no Connection: upgrade"),
     ("tls", "a plain GET"): (NOT_FOUND_HEAD, None),
     ("tls", "random bytes"): (b"", "the client's handshake failed"),    # no TLS: closed
@@ -627,6 +673,43 @@ def test_probes_get_no_101_and_never_reach_the_destination(parts, front):
     client = parts.client("socks", url)
     with client.connect() as sock:
         assert echo_round_trip(sock, b"the real thing") == b"the real thing"
+    assert dest.accepted == 1
+
+
+# What a prober without the secret path sends with the upgrade headers (a WebSocket scanner's
+# request): the forms of "not the path" a front may pass on (test_webtunnel.py has more).
+UPGRADE_PROBES = ["/", "//", "/.", "/..", "/%2F", "/%2e", "/?q=1", "/?" + PATH[1:], "/#" + PATH,
+                  "*", "https://wt.test/", PATH.upper(), PATH + "/", PATH + "/.", PATH + "%2F",
+                  PATH[:-1], "/index.html", "/" + "a" * 4000]
+
+
+def upgrade_probe(target):
+    return (b"GET %s HTTP/1.1\r\nHost: wt.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Connection: close\r\n\r\n" % target.encode())
+
+
+@pytest.mark.parametrize("front, variant", [("nginx", None), ("nginx", "every path"),
+                                            ("tls", None), ("http", None)])
+def test_upgrades_of_other_paths_get_no_101_and_never_reach_the_destination(parts, front, variant):
+    """GET / and its cousins with the upgrade headers: behind the README's nginx, behind a
+    front that passes every path to the bridge, and where our server is the front
+    (tls-cert=) or has none. None gets a 101 or reaches the destination; the secret path
+    then does (the count can fail)."""
+    dest, server, url = parts.bridge(None, front, variant)
+    address = ("127.0.0.1", int(url.split("/")[2].split(":")[1]))
+    for target in UPGRADE_PROBES:
+        answer = probe(address, upgrade_probe(target), front != "http", parts.ca)
+        assert answer.startswith((b"HTTP/1.1 404 ", b"HTTP/1.1 400 ", b"HTTP/1.1 200 ")), \
+            (target[:40], answer[:100])
+        assert b" 101 " not in answer and b"Upgrade" not in answer.partition(b"\r\n\r\n")[0], target
+    assert dest.accepted == 0
+    answer_head = None
+    sock = tls_to(address, parts.ca) if front != "http" else socket.create_connection(address, timeout=20)
+    with sock:
+        answer_head, _ = raw_upgrade(sock, upgrade_probe(PATH).replace(b"Connection: close\r\n", b""))
+        assert answer_head.startswith(b"HTTP/1.1 101 ")
+        assert small_echo(sock, b"the real thing") == b"the real thing"
     assert dest.accepted == 1
 
 
@@ -833,19 +916,32 @@ def test_tor_bootstraps_through_nginx_and_webtunnel(parts, secret):
 
 # --- webtunnel-4's findings, live (issue 26) -------------------------------------------
 
-@pytest.mark.parametrize("variant, url_path", [
-    ("trailing slash", PATH),                      # nginx passes "/"
-    ("prefix location", "/bridge" + PATH),          # nginx passes PATH
+@pytest.mark.parametrize("variant, url_path, passed", [
+    ("trailing slash", PATH, "/"),                      # nginx passes "/"
+    ("prefix location", "/bridge" + PATH, PATH),         # nginx passes PATH
+    ("rewrite", PATH, "/ws"),
 ])
-def test_fronts_that_cut_the_path_carry_the_tunnel(parts, variant, url_path):
-    """Finding 3: fronts that pass the path cut (as upstream's server, which checks no
-    path, allows) got every client a 404 from ours."""
+def test_fronts_that_rewrite_the_path_need_bridge_path(parts, variant, url_path, passed):
+    """A front that passes the path cut or rewritten: without bridge-path= the bridge
+    refuses (fails closed) and its log gives lengths, never the path; with it, the
+    tunnel carries data."""
     dest = parts.dest()
     server = parts.server(dest, url="https://wt.test" + url_path)
     front = parts.nginx(server.address, path=url_path, variant=variant)
     client = parts.client("socks", "https://127.0.0.1:%d%s" % (front.address[1], url_path))
+    with pytest.raises(SocksReplyError):
+        client.connect()
+    line = server.log.wait_for(r"\[NOTICE\] .*not webtunnel: not a webtunnel upgrade \(the path "
+                               r"is not url='s: %d bytes in .*give the path it passes in "
+                               r"bridge-path=" % len(passed)).group(0)
+    assert PATH not in line and url_path not in line
+    assert dest.accepted == 0
+    server = parts.server(dest, url="https://wt.test" + url_path, bridge_path=passed)
+    front = parts.nginx(server.address, path=url_path, variant=variant)
+    client = parts.client("socks", "https://127.0.0.1:%d%s" % (front.address[1], url_path))
     with client.connect() as sock:
         assert echo_round_trip(sock, b"through a cut path") == b"through a cut path"
+    assert dest.accepted == 1
 
 
 def test_a_rewritten_path_is_refused_and_the_log_says_what_arrived(parts):
@@ -858,8 +954,8 @@ def test_a_rewritten_path_is_refused_and_the_log_says_what_arrived(parts):
     client.wait_for(r"'HTTP/1\.1 404 Not Found'.*does not pass the upgrade to the bridge.*"
                     r"rewrites the path: the bridge's log says which")
     line = server.log.wait_for(r"\[NOTICE\] .*not webtunnel: not a webtunnel upgrade \(the path "
-                               r"is not url='s, nor url='s with a leading part cut off: 3 bytes in "
-                               r"1 segment\(s\) arrived, url='s path is 16 bytes in 1").group(0)
+                               r"is not url='s: 3 bytes in 1 segment\(s\) arrived, url='s path is "
+                               r"16 bytes in 1; a front that rewrites the path").group(0)
     assert PATH not in line and "/ws" not in line
     assert dest.accepted == 0
 
