@@ -57,6 +57,22 @@ def flows(path, port):
     return found
 
 
+def ended(path, port):
+    """Whether the capture holds a FIN or RST from both ends of a connection to ``port``:
+    tcpdump writes in order, so every data segment before them is in the file too."""
+    sides = set()
+    try:
+        capture = pcap.Pcap(path)
+        for _, frame in capture:
+            packet = pcap.ip_packet(capture.linktype, frame)
+            segment = pcap.tcp_segment(packet) if packet is not None else None
+            if segment is not None and segment.flags & 0x05 and port in (segment.src[1], segment.dst[1]):
+                sides.add(segment.src[1] == port)
+    except (pcap.CaptureError, ValueError):
+        return False                          # a packet half written: read again
+    return sides == {True, False}
+
+
 def carried(flow):
     return (sum(n - 17 for n in flow.client), sum(n - 17 for n in flow.server))
 
@@ -142,13 +158,19 @@ def tor_through_nginx(parts, tmp_path, shaping):  # noqa: F811 (parts)
             BRIDGE_EXTRA="ServerTransportOptions webtunnel url=%s shaping=%s" % (SERVER_URL, shaping),
             BRIDGE_ARGS="url=https://127.0.0.1:%d%s servername=%s shaping=%s"
                         % (nginx_port, SERVER_URL.split("wt.test")[1], NAME, shaping))
+        end = time.monotonic() + 30
+        while not ended(path, nginx_port) and time.monotonic() < end:
+            time.sleep(0.05)                  # polling tcpdump's output file: it lags under load
     finally:
         dump.stop()
     match = SUCCESS.search(output)
     assert status == 0 and match, output
     shutil.rmtree(match.group(2), ignore_errors=True)
     found = flows(path, nginx_port)
-    assert found, "no TLS connection to nginx in the capture"
+    if not found:
+        description, conversations = pcap.read_pcap(path)
+        raise AssertionError("no TLS connection to nginx's port %d in the capture: %s; %s" % (
+            nginx_port, description, [(c.name, [len(x) for x in c.streams]) for c in conversations]))
     print("\ntor through nginx, shaping %s: bootstrap in %.1f s" % (shaping, seconds))
     return found[0]
 
