@@ -15,6 +15,7 @@ printed). The slow test does the same with a real Tor bootstrapping through ngin
 (tests/tor-loopback.sh).
 """
 
+import io
 import re
 import shutil
 import time
@@ -27,7 +28,7 @@ from test_webtunnel_live import NAME, SERVER_URL, parts  # noqa: F401 (the fixtu
 from test_webtunnel_shaping import noise
 
 import webtunnel
-from teaching import pcap, tls_in_tls
+from teaching import capture, pcap, tls_in_tls
 
 # (what the client sends, what the server answers), turn by turn
 TURNS = [(517, 1182), (80, 79), (33, 79), (1050, 2077), (1050, 536), (536, 536), (1564, 2592),
@@ -78,7 +79,7 @@ def carried(flow):
 
 
 def run_turns(parts, tmp_path, shaping, route, monkeypatch):  # noqa: F811 (parts)
-    """One tunnel through nginx playing TURNS under tcpdump; returns its Flow."""
+    """One tunnel through nginx playing TURNS under tcpdump; returns its Flow and the pcap."""
     if route == "python":
         monkeypatch.setenv("OBFSPROXY_HELLO", "python")
     dest = parts.dest(scripted)
@@ -105,7 +106,13 @@ def run_turns(parts, tmp_path, shaping, route, monkeypatch):  # noqa: F811 (part
         dump.stop()
     found = flows(path, port)
     assert len(found) == 1, "one tunnel, one TLS connection to nginx: %d" % len(found)
-    return found[0]
+    return found[0], path
+
+
+def detect(path):
+    out = io.StringIO()
+    assert capture.main("detect", [str(path)], out=out) == 0
+    return out.getvalue()
 
 
 def merged(flow):
@@ -119,14 +126,14 @@ def merged(flow):
 @pytest.mark.parametrize("route", ["browser", "python"])
 def test_through_nginx_shaping_hides_the_marks_and_off_they_are_back(parts, tmp_path, route,  # noqa: F811
                                                                       monkeypatch):
-    off = run_turns(parts, tmp_path, False, route, monkeypatch)
+    off, off_pcap = run_turns(parts, tmp_path, False, route, monkeypatch)
     print("\nshaping off (%s): client %s\n  server %s\n  marks %s"
           % (route, off.client[:FIRST], off.server[:FIRST], off.marks))
     assert off.client[0] == 534, off.client
     assert len([m for m in off.marks if m[0] == 0]) >= 4       # 534, 1067, 1067, 553, 1581
     assert len([m for m in off.marks if m[0] == 1]) >= 4       # 553, 553, 2609, 553, 1067
 
-    on = run_turns(parts, tmp_path, True, route, monkeypatch)
+    on, on_pcap = run_turns(parts, tmp_path, True, route, monkeypatch)
     print("shaping on (%s): client %s\n  server %s\n  marks %s\n  bursts %s"
           % (route, on.client[:FIRST], on.server[:FIRST], on.marks, on.bursts[:8]))
     assert len(on.client) >= FIRST and len(on.server) >= FIRST
@@ -138,6 +145,18 @@ def test_through_nginx_shaping_hides_the_marks_and_off_they_are_back(parts, tmp_
     assert len(toward_client) < len([m for m in off.marks if m[0] == 1])
     # What shaping does not change: the round trips (one per turn).
     assert on.round_trips == off.round_trips == len(TURNS)
+
+    # detect says the same from each capture.
+    said = detect(off_pcap)
+    assert "client -> server: %s\n" % " ".join(map(str, off.client[:FIRST])) in said
+    assert "client record 1: 534 = Tor's ClientHello (517 + 17)" in said
+    assert "%d round trip(s) in the first 16 KiB" % len(TURNS) in said
+    said = detect(on_pcap)
+    print(said)
+    assert "client -> server: %s\n" % " ".join(map(str, on.client[:FIRST])) in said
+    assert "exact-length marks of Tor inside: none" in said or toward_client
+    assert "cut below Tor's marks" in said or toward_client
+    assert "Xue et al., USENIX Security 2024" in said
 
 
 SUCCESS = re.compile(r"^tor bootstrap through webtunnel: client got the bridge descriptor "
