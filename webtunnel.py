@@ -142,8 +142,11 @@ What a censor still sees
   extension lists and no GREASE, which tells it from every browser and from
   lyrebird's uTLS. The start-up log says which (``hello_route``); a ``utls=``
   we cannot honour is said in ``notes``.
-* TLS-in-TLS: Tor's inner TLS handshake shows through as record sizes and a
-  burst pattern; a long-lived connection to a web server with Tor's traffic shape.
+* TLS-in-TLS: Tor's inner TLS handshake shows through as a burst pattern (the bytes
+  each side sends before the other answers, the round trips), on a long-lived connection
+  to a web server. Its exact record lengths (534 for Tor's ClientHello, 514 k + 39 for
+  whole cells) do not: both ends cut their first 16 KiB into records below them (see
+  "Record shaping"; ``shaping=off`` turns it off).
 * What does not show: the path, the Upgrade exchange and every byte after them
   are inside TLS; a prober without the path gets the cover site (or our 404).
   Blocking the domain is collateral damage when the site is real or behind a CDN,
@@ -188,7 +191,7 @@ WAIT_REQUEST = "WAIT_REQUEST"
 OPEN = "OPEN"
 FAILED = "FAILED"
 
-# The client's options (lyrebird 0.8.1's); those we take, ignore, and refuse.
+# The client's options (lyrebird 0.8.1's, and shaping=, ours); those we take, ignore, and refuse.
 CLIENT_OPTIONS = ("url", "servername", "addr", "utls", "ver", "shaping")
 REFUSED_CLIENT_OPTIONS = {
     "cert": "cert= (lyrebird's certificate-chain pin) cannot be checked by this implementation: "
