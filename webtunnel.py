@@ -652,9 +652,10 @@ def _status_advice(code):
 # and every write into at least two pieces, so that no record is a whole write. A TLS
 # sender makes one record per piece (``SSLObject.write`` and curl's ``curl_easy_send``
 # each make one record per call). A bridge behind a front (nginx) does not make the
-# records: the front makes one per read from us, so the bridge sends its pieces apart,
-# a pause of 1-2 ms after each, through the transport contract's ``send_paced``, and the
-# front's reads (its records) follow the cuts. The peer reads the same bytes either way.
+# records: the front makes one per read from us, so the bridge sends the pieces of a
+# write apart, a pause of 1-2 ms between two, through the transport contract's
+# ``send_paced``, and the front's reads (its records) follow the cuts. The peer reads
+# the same bytes either way.
 #
 # What this does not change: how many bytes go each way between turns (burst sizes) and
 # the number of round trips. A classifier of bursts and timing still sees Tor's handshake.
@@ -1075,15 +1076,18 @@ class WebTunnel:
         return self._outgoing.read()
 
     def send_paced(self, plaintext):
-        """[(bytes, seconds to wait after them)]: a bridge's write cut into pieces, each
-        followed by a pause while shaping lasts, so that a front's reads, and its
-        records, follow the cuts; then the write whole."""
+        """[(bytes, seconds to wait after them)]: a bridge's write cut into pieces with a
+        pause between two pieces while shaping lasts, so that a front's reads, and its
+        records, follow the cuts; then the write whole. No pause after a write's last
+        piece: the next write's first piece may join it in one read of the front, which
+        gives a record of no write's length (and the pauses cost the most time there)."""
         if self._tls is not None or self._shaper is None or not self._shaper.active:
             return [(self.send(plaintext), 0.0)]
         if self.state != OPEN:
             raise RuntimeError("webtunnel: send() before the upgrade completed")
         shaper = self._shaper
-        return [(piece, shaper.pause()) for piece in shaper.cut(plaintext)]
+        pieces = shaper.cut(plaintext)
+        return [(piece, shaper.pause()) for piece in pieces[:-1]] + [(pieces[-1], 0.0)]
 
     def receive_in_place(self, buffer):
         return self._tls is None and self.state == OPEN

@@ -115,6 +115,11 @@ def detect(path):
     return out.getvalue()
 
 
+def merges(flow):
+    """Records toward the client longer than any one piece: nginx read pieces together."""
+    return sum(1 for n in flow.server[:FIRST] if n - 17 > webtunnel.LARGEST_PIECE)
+
+
 def merged(flow):
     """Marks toward the client, each of which must be nginx reading two paced pieces at
     once: a record longer than any one piece."""
@@ -140,17 +145,19 @@ def test_through_nginx_shaping_hides_the_marks_and_off_they_are_back(parts, tmp_
     assert not [m for m in on.marks if m[0] == 0], on.marks
     assert max(on.client[:FIRST]) <= webtunnel.LARGEST_PIECE + 17
     toward_client = merged(on)
-    print("  marks toward the client where nginx merged two paced pieces: %d of %d records"
-          % (len(toward_client), FIRST))
+    print("  toward the client, records nginx read as two pieces or more: %d of %d; of them marks: %d"
+          % (merges(on), FIRST, len(toward_client)))
     assert len(toward_client) < len([m for m in off.marks if m[0] == 1])
-    # What shaping does not change: the round trips (one per turn).
-    assert on.round_trips == off.round_trips == len(TURNS)
+    # What shaping does not change: the round trips, one per turn. The tunnel's end may add
+    # one (close_notify answered, or not yet, when the capture ends), with or without shaping.
+    assert len(TURNS) <= on.round_trips <= len(TURNS) + 1
+    assert len(TURNS) <= off.round_trips <= len(TURNS) + 1
 
     # detect says the same from each capture.
     said = detect(off_pcap)
     assert "client -> server: %s\n" % " ".join(map(str, off.client[:FIRST])) in said
     assert "client record 1: 534 = Tor's ClientHello (517 + 17)" in said
-    assert "%d round trip(s) in the first 16 KiB" % len(TURNS) in said
+    assert "%d round trip(s) in the first 16 KiB" % off.round_trips in said
     said = detect(on_pcap)
     print(said)
     assert "client -> server: %s\n" % " ".join(map(str, on.client[:FIRST])) in said
@@ -207,6 +214,6 @@ def test_tor_bootstrap_through_nginx_shows_no_marks_with_shaping_and_shows_them_
           % (on.client[:FIRST], on.server[:FIRST], on.marks, on.bursts[:8]))
     assert not [m for m in on.marks if m[0] == 0], on.marks
     toward_client = merged(on)
-    print("  marks toward the client where nginx merged two paced pieces: %d of %d records"
-          % (len(toward_client), len(on.server[:FIRST])))
+    print("  toward the client, records nginx read as two pieces or more: %d of %d; of them marks: %d"
+          % (merges(on), len(on.server[:FIRST]), len(toward_client)))
     assert len(toward_client) < len([m for m in off.marks if m[0] == 1])
