@@ -1058,7 +1058,13 @@ class WebTunnel:
 
     # Data phase, shaped (see "Record shaping" above) ----------------------------------
 
-    paced = False       # per connection: a bridge behind a front paces its first writes
+    _pacing = False     # a bridge behind a front: its first writes paced (send_paced)
+
+    @property
+    def paced(self):
+        """While a bridge behind a front (no TLS here) is still shaping: then the relay
+        calls send_paced; after that, send_in_place again."""
+        return self._pacing and self._shaper.active
 
     def _start_shaping(self, shaping):
         """With TLS, this side makes the records: it cuts its writes (no pause needed).
@@ -1067,7 +1073,7 @@ class WebTunnel:
         if shaping is None or (self._tls is None and self.initiator):
             return
         self._shaper = shaping.start()
-        self.paced = self._tls is None
+        self._pacing = self._tls is None
 
     def _shaped_send(self, plaintext):
         """send() with TLS while shaping lasts: one record per piece."""
