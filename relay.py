@@ -282,10 +282,15 @@ class _Direction:
 def sender(transport):
     """The up direction's transform: plaintext chunk -> what to write. Returns
     the same chunk (encrypted where it lies), new bytes, or a list of (bytes,
-    delay) pieces for a paced transport."""
-    if getattr(transport, "paced", False):
-        return lambda chunk: transport.send_paced(bytes(chunk))
+    delay) pieces for a paced transport. One that also sends in place (webtunnel's
+    bridge, which paces its first bytes only) is asked each time whether it still
+    paces, so that the rest goes in place."""
     in_place = getattr(transport, "send_in_place", None)
+    if getattr(transport, "paced", False):
+        if in_place is None:
+            return lambda chunk: transport.send_paced(bytes(chunk))
+        return lambda chunk: (transport.send_paced(bytes(chunk)) if transport.paced
+                              else chunk if in_place(chunk) else transport.send(bytes(chunk)))
     if in_place is None:
         return lambda chunk: transport.send(bytes(chunk))
     return lambda chunk: chunk if in_place(chunk) else transport.send(bytes(chunk))

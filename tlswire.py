@@ -349,3 +349,37 @@ def explain(client_hello, client_data, server_data, client_name, server_name):
         "  What it does not see: the HTTP request inside, for webtunnel GET /<secret path> with",
         "  Upgrade: websocket, and everything after it. Without the path, a prober gets the cover site.",
     ) if line]
+
+
+# --- Tor inside TLS: the exact record lengths it leaves ---------------------------------
+#
+# A tunnel that carries Tor's TLS inside an outer TLS (webtunnel) seals each inner write
+# in one outer record unless the sender cuts it: the outer record's length field = inner
+# bytes + 17 (a 1-byte inner content type and a 16-byte GCM tag; TLS 1.3, AES-GCM). Two
+# kinds of inner write then have an exact length a rule can match, no classifier needed:
+#   Tor's ClientHello: a 512-byte handshake message in a 517-byte inner record -> 534
+#   whole cells: k 514-byte cells (link protocol 4) in one inner record of 5 + 514 k + 17
+#     bytes -> 514 k + 39: 553, 1067, 1581, ...
+# Lengths here are record length fields (the bytes after the 5-byte header).
+
+OUTER_OVERHEAD = 1 + 16              # what an outer TLS 1.3 AES-GCM record adds to a write
+TOR_HELLO_RECORD = 5 + 512 + OUTER_OVERHEAD      # 534
+CELL = 514                           # a cell of link protocol 4 (4-byte circuit id)
+CELLS_OVERHEAD = 5 + 17 + OUTER_OVERHEAD         # inner header, type and tag, then outer: 39
+
+
+def tor_marker(length):
+    """What an outer record whose length field is ``length`` gives away of Tor inside, or
+    None: "Tor's ClientHello" for 534, "k whole cells" for 514 k + 39."""
+    if length == TOR_HELLO_RECORD:
+        return "Tor's ClientHello (517 + 17)"
+    cells, rest = divmod(length - CELLS_OVERHEAD, CELL)
+    if length > CELLS_OVERHEAD and rest == 0:
+        return "%d whole cell%s (%d x 514 + 22 + 17)" % (cells, "s" * (cells > 1), cells)
+    return None
+
+
+def record_lengths(data, kinds=(APPLICATION_DATA,)):
+    """The length fields of the complete records at the start of ``data`` whose type is in
+    ``kinds``, in order."""
+    return [len(body) for kind, body in records(data) if kind in kinds]

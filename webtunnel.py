@@ -156,8 +156,11 @@ What a censor still sees
   extension lists and no GREASE, which tells it from every browser and from
   lyrebird's uTLS. The start-up log says which (``hello_route``); a ``utls=``
   we cannot honour is said in ``notes``.
-* TLS-in-TLS: Tor's inner TLS handshake shows through as record sizes and a
-  burst pattern; a long-lived connection to a web server with Tor's traffic shape.
+* TLS-in-TLS: Tor's inner TLS handshake shows through as a burst pattern (the bytes
+  each side sends before the other answers, the round trips), on a long-lived connection
+  to a web server. Its exact record lengths (534 for Tor's ClientHello, 514 k + 39 for
+  whole cells) do not: both ends cut their first 16 KiB into records below them (see
+  "Record shaping"; ``shaping=off`` turns it off).
 * What does not show: the path, the Upgrade exchange and every byte after them
   are inside TLS; a prober without the path gets the cover site (or our 404).
   Blocking the domain is collateral damage when the site is real or behind a CDN,
@@ -168,6 +171,7 @@ import base64
 import hashlib
 import ipaddress
 import os
+import random as _random
 import re
 import ssl
 import time
@@ -203,8 +207,8 @@ WAIT_REQUEST = "WAIT_REQUEST"
 OPEN = "OPEN"
 FAILED = "FAILED"
 
-# The client's options (lyrebird 0.8.1's); those we take, ignore, and refuse.
-CLIENT_OPTIONS = ("url", "servername", "addr", "utls", "ver")
+# The client's options (lyrebird 0.8.1's, and shaping=, ours); those we take, ignore, and refuse.
+CLIENT_OPTIONS = ("url", "servername", "addr", "utls", "ver", "shaping")
 REFUSED_CLIENT_OPTIONS = {
     "cert": "cert= (lyrebird's certificate-chain pin) cannot be checked by this implementation: "
             "remove cert= from the bridge line (the certificate is still verified against the CA roots)",
@@ -213,7 +217,7 @@ REFUSED_CLIENT_OPTIONS = {
     "sni-imitation": "sni-imitation= (a different SNI than the certificate's name) is not supported "
                      "by this implementation: remove sni-imitation= and give the name in servername=",
 }
-SERVER_OPTIONS = ("url", "tls-cert", "tls-key", "bridge-path")
+SERVER_OPTIONS = ("url", "tls-cert", "tls-key", "bridge-path", "shaping")
 
 
 class WarningNote(str):
@@ -433,6 +437,7 @@ class ClientConfig:
     # wrap_bio) on the browser route (client_context); tests may replace it
     context: object
     notes: Tuple[str, ...] = ()
+    shaping: Optional[object] = None  # a Shaping: the first records cut (client_config: on)
 
 
 @dataclass
@@ -446,6 +451,7 @@ class ServerConfig:
     notes: Tuple[str, ...] = ()
     clock: Optional[Callable[[], float]] = None     # None: pages carry no Date
     rewritten: bool = False           # target is bridge-path= (the front rewrites url='s path)
+    shaping: Optional[object] = None  # a Shaping: the first writes cut and paced (server_config: on)
 
 
 def client_config(options):
@@ -497,7 +503,7 @@ def client_config(options):
     return ClientConfig(url=url, tls=tls, address=address, target=request_target(url),
                         host=host_header(url), servernames=names if tls else (),
                         servername=names[0] if tls else None,
-                        context=context, notes=tuple(notes))
+                        context=context, notes=tuple(notes), shaping=shaping_option(options))
 
 
 def server_config(options, state_dir=None):
@@ -534,7 +540,7 @@ def server_config(options, state_dir=None):
         except OSError as exc:
             raise OSError("tls-cert=%s, tls-key=%s: %s" % (cert, key, exc.strerror or exc))
     config = ServerConfig(url=url, target=target, context=context, clock=time.time,
-                          rewritten=rewritten)
+                          rewritten=rewritten, shaping=shaping_option(options))
     return config, {"url": url, "ver": VERSION}
 
 
@@ -781,6 +787,100 @@ def _status_advice(code):
     return "check url="
 
 
+# --- Record shaping: Tor's record sizes cut out of the first flights ----------------------
+#
+# Behind the 101 the tunnel carries Tor's own TLS, and an outer TLS record is one write
+# of the sender plus 17 bytes (a 5-byte header, the 1-byte inner type, a 16-byte GCM tag).
+# Without shaping the first client record after the upgrade is 534 bytes, Tor's 517-byte
+# ClientHello record, and whole cells show as records of 514 k + 39 bytes: exact lengths
+# that need no classifier. Both ends here cut the first bytes of their stream into pieces
+# of random size below the smallest of those marks (a plaintext of 517 makes the 534),
+# and every write into at least two pieces, so that no record is a whole write. A TLS
+# sender makes one record per piece (``SSLObject.write`` and curl's ``curl_easy_send``
+# each make one record per call). A bridge behind a front (nginx) does not make the
+# records: the front makes one per read from us, so the bridge sends the pieces of a
+# write apart, a pause of 1-2 ms between two, through the transport contract's
+# ``send_paced``, and the front's reads (its records) follow the cuts. The peer reads
+# the same bytes either way.
+#
+# What this does not change: how many bytes go each way between turns (burst sizes) and
+# the number of round trips. A classifier of bursts and timing still sees Tor's handshake.
+
+SHAPED_BYTES = 16 * 1024          # each direction's first stream bytes that are cut
+SMALLEST_PIECE = 48               # a piece's plaintext, before the last piece of a write
+LARGEST_PIECE = 511               # below Tor's 512-byte hello, a 517-byte record, and a cell
+PAUSE = (0.001, 0.002)            # seconds after each paced piece (a front's reads follow)
+
+
+class Shaping:
+    """How one side cuts its first stream bytes (a listener's or a bridge line's setting,
+    shared by its connections, never changed): ``window`` bytes cut into pieces of
+    ``smallest``..``largest`` bytes, each paced piece followed by a pause drawn from
+    ``pause`` (seconds). ``random``: a function returning a fresh ``random.Random``-like
+    source for one connection (tests give a seeded one); by default one seeded from
+    ``os.urandom``, so that no two tunnels cut alike."""
+
+    def __init__(self, window=SHAPED_BYTES, smallest=SMALLEST_PIECE, largest=LARGEST_PIECE,
+                 pause=PAUSE, random=None):
+        if not 1 <= smallest <= largest:
+            raise ValueError("shaping: a piece's size range is empty")
+        self.window, self.smallest, self.largest = window, smallest, largest
+        self.pause, self.random = tuple(pause), random
+
+    def start(self):
+        """A Shaper for one connection's direction."""
+        source = self.random() if self.random is not None else _random.Random(os.urandom(32))
+        return Shaper(self, source)
+
+
+class Shaper:
+    """One direction's cuts: ``cut(data)`` gives the pieces of one write, in order and
+    whole (their concatenation is ``data``), ``pause()`` the seconds after a paced piece.
+    Once ``window`` bytes have been cut, writes pass whole (``active`` is False)."""
+
+    def __init__(self, shaping, source):
+        self._shaping, self._random = shaping, source
+        self.left = shaping.window        # bytes still to be cut
+
+    @property
+    def active(self):
+        return self.left > 0
+
+    def cut(self, data):
+        """The pieces of one write: sizes drawn from smallest..largest while the window
+        lasts, and a write that would fit one piece cut in two at a random byte, so that
+        no record is one whole write; past the window, the rest in one piece."""
+        shaping, draw = self._shaping, self._random.randint
+        view, at, pieces = memoryview(data), 0, []
+        while at < len(view) and self.left > 0:
+            left = len(view) - at
+            size = draw(shaping.smallest, shaping.largest)
+            if size >= left:
+                size = draw(1, left - 1) if at == 0 and left > 1 else left
+            pieces.append(bytes(view[at:at + size]))
+            at += size
+            self.left -= size
+        if at < len(view) or not pieces:
+            pieces.append(bytes(view[at:]))
+        return pieces
+
+    def pause(self):
+        low, high = self._shaping.pause
+        return self._random.uniform(low, high)
+
+
+def shaping_option(options, name="shaping"):
+    """Shaping() unless the option says off: ``shaping=off`` (or 0, no, false) turns it
+    off, ``on`` (1, yes, true, or no option) leaves it on; ValueError for anything else."""
+    value = options.get(name, "on").strip().lower()
+    if value in ("on", "1", "yes", "true"):
+        return Shaping()
+    if value in ("off", "0", "no", "false"):
+        return None
+    raise ValueError("%s= must be on or off (it cuts the first TLS records below Tor's record "
+                     "sizes), not %r" % (name, value[:20]))
+
+
 # --- The transport ------------------------------------------------------------------
 
 FRONT_IDLE_TIMEOUT = 60.0             # seconds: nginx's client_header_timeout default
@@ -846,6 +946,7 @@ class WebTunnel:
         self._method = None              # the request's method, once known (HEAD: no body)
         self._owed = bytearray()         # without TLS: the 101 to send
         self._tls = None
+        self._shaper = None              # the data phase's first writes cut (Shaper)
         context = config.context
         if context is not None:
             self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
@@ -866,18 +967,6 @@ class WebTunnel:
             self.state = TLS_HANDSHAKE
         else:
             self.state = WAIT_RESPONSE if initiator else WAIT_REQUEST
-        # The client's request: Chrome's under Chrome's hello (the browser route), else
-        # lyrebird's (Python's ssl, whose hello is no browser's, and http://). A server's
-        # 101, once sent, is ``response``.
-        self._key = None
-        self.request = self.response = None
-        if initiator:
-            user_agent = getattr(context, "user_agent", None)
-            if isinstance(self._tls, browser_tls.BrowserTLS) and user_agent:
-                self._key = websocket_key()
-                self.request = browser_request(config, user_agent, self._key)
-            else:
-                self.request = upgrade_request(config)
 
     @property
     def is_open(self):
@@ -1117,11 +1206,52 @@ class WebTunnel:
             return bytes(plaintext)
         if self._ended:
             raise RuntimeError("webtunnel: send() after end()")
+        if self._shaper is not None and self._shaper.active:
+            return self._shaped_send(plaintext)
         self._tls.write(plaintext)
         return self._outgoing.read()
 
     def send_in_place(self, buffer):
-        return self._tls is None and self.state == OPEN
+        return self._tls is None and self.state == OPEN and not self.paced
+
+    # Data phase, shaped (see "Record shaping" above) ----------------------------------
+
+    _pacing = False     # a bridge behind a front: its first writes paced (send_paced)
+
+    @property
+    def paced(self):
+        """While a bridge behind a front (no TLS here) is still shaping: then the relay
+        calls send_paced; after that, send_in_place again."""
+        return self._pacing and self._shaper.active
+
+    def _start_shaping(self, shaping):
+        """With TLS, this side makes the records: it cuts its writes (no pause needed).
+        A server without TLS (behind a front that makes the records) cuts and paces.
+        A client without TLS (http://) has no records to shape."""
+        if shaping is None or (self._tls is None and self.initiator):
+            return
+        self._shaper = shaping.start()
+        self._pacing = self._tls is None
+
+    def _shaped_send(self, plaintext):
+        """send() with TLS while shaping lasts: one record per piece."""
+        for piece in self._shaper.cut(plaintext):
+            self._tls.write(piece)
+        return self._outgoing.read()
+
+    def send_paced(self, plaintext):
+        """[(bytes, seconds to wait after them)]: a bridge's write cut into pieces with a
+        pause between two pieces while shaping lasts, so that a front's reads, and its
+        records, follow the cuts; then the write whole. No pause after a write's last
+        piece: the next write's first piece may join it in one read of the front, which
+        gives a record of no write's length (and the pauses cost the most time there)."""
+        if self._tls is not None or self._shaper is None or not self._shaper.active:
+            return [(self.send(plaintext), 0.0)]
+        if self.state != OPEN:
+            raise RuntimeError("webtunnel: send() before the upgrade completed")
+        shaper = self._shaper
+        pieces = shaper.cut(plaintext)
+        return [(piece, shaper.pause()) for piece in pieces[:-1]] + [(pieces[-1], 0.0)]
 
     def receive_in_place(self, buffer):
         return self._tls is None and self.state == OPEN

@@ -48,6 +48,8 @@ end each is stopped the way it expects (ours: SIGTERM; obfs4proxy: its stdin is 
                      the README's) --> python obfsproxy.py server (plain HTTP) --> sink; the
                      client trusts a test CA (tests/testca.py) through SSL_CERT_FILE
     ours-webtunnel-tls  the same without nginx: our server terminates TLS itself (tls-cert=)
+    ours-webtunnel-unshaped  ours-webtunnel with record shaping off (shaping=off on both
+                     sides): what cutting and pacing the first 16 KiB costs
     ours-webtunnel-pyssl  ours-webtunnel with OBFSPROXY_HELLO=python: the client on Python's
                      ssl (ours-webtunnel runs the browser route, curl_cffi, when it is installed)
     nginx-upgrade    the ceiling of ours-webtunnel: nginx alone, same configuration. The
@@ -97,6 +99,13 @@ setup     --connections (default 1,000) sequential connections, each: TCP connec
           --shared-secret at the default 100,000 hash iterations, ours only (obfs4proxy
           has no shared-secret mode), with fewer connections (--secret-connections,
           default 50) because each costs both ends 4 x 100,000 SHA-256.
+          webtunnel setups also play "Tor's first turns" in each round, as many
+          connections again: each writes Tor's first writes through webtunnel
+          (measure.TOR_TURNS: 517, 80, 33, 1050, ... bytes) one at a time and waits for
+          the echo of each, so that record shaping (ours-webtunnel-unshaped has it
+          off) shows its cost: p50/p99 ms of the whole connection and the tunnel
+          processes' CPU. Its bytes on the wire follow from the cuts alone (22 per
+          extra record); the webtunnel table ends with them (report.shaping_bytes).
 tunnels   --tunnels (default 1,000) tunnels opened at once (SOCKS + handshake + a 1-byte
           echo each; "open s"), then, all still open, every one echoes its own 64 KiB at
           the same time ("echo s"), each checked by SHA-256 ("ok").

@@ -6,7 +6,7 @@ import sys
 
 from children import Child, start_obfs4proxy, start_ours, test_helpers
 from machine import Profiler, memory_mib
-from measure import Bulk, Sequential, measure_tunnels
+from measure import Bulk, Sequential, measure_tunnels, one_flight
 from report import fmt
 from routes import WEBTUNNEL_NAME, WEBTUNNEL_PATH, Route, UpgradeRoute
 
@@ -39,6 +39,7 @@ for _transport in TRANSPORTS:
 SETUPS.update({"ours-webtunnel": ("ours", "ours", "webtunnel"),
                "ours-webtunnel-tls": ("ours", "ours", "webtunnel"),
                "ours-webtunnel-pyssl": ("ours", "ours", "webtunnel"),
+               "ours-webtunnel-unshaped": ("ours", "ours", "webtunnel"),
                "nginx-upgrade": ("nginx", "nginx", None)})
 DEFAULT_SETUPS = ["ours-obfs2", "o4p-obfs2", "ours-obfs3", "o4p-obfs3", "ours-obfs4", "ours-obfs4-portable",
                   "o4p-obfs4", "ours-dummy", "direct"]
@@ -81,6 +82,8 @@ def start_webtunnel(options, name, sink, directory):
     server_options = "url=" + url
     if name == "ours-webtunnel-tls":
         server_options += ";tls-cert=%s;tls-key=%s" % (ca.cert_file, ca.key_file)
+    if name.endswith("-unshaped"):
+        server_options += ";shaping=off"
     env = dict(ours_environment(name), SSL_CERT_FILE=ca.ca_file)
     started, front = [], None
     try:
@@ -97,6 +100,8 @@ def start_webtunnel(options, name, sink, directory):
             child.stop()
         raise
     args = {"url": "https://127.0.0.1:%d%s" % (dial[1], WEBTUNNEL_PATH), "servername": WEBTUNNEL_NAME}
+    if name.endswith("-unshaped"):
+        args["shaping"] = "off"
     return started, front, args
 
 
@@ -135,6 +140,7 @@ class Setup:
         self.route = None
         self.bulk = Bulk()
         self.sequential = Sequential()
+        self.flights = Sequential(one_flight)     # webtunnel: Tor's first turns per tunnel
         self.other = [0.0, 0.0]      # CPU seconds used by other processes; CPU seconds available
 
     def say(self, text):
@@ -220,12 +226,20 @@ class Setup:
     def setup_round(self, count, warmup):
         self.measure("setup", lambda: self.sequential.round(self.route, count, warmup,
                                                             self.tunnel_pids))
+        if self.transport == "webtunnel":
+            self.measure("setup", lambda: self.flights.round(self.route, count, warmup,
+                                                             self.tunnel_pids))
 
     def setup_done(self):
         if "setup" in self.result["failed"]:
             return
         figures = self.sequential.figures("setup_")
         self.result.update(figures)
+        flights = self.flights.figures("flights_")
+        self.result.update(flights)
+        if flights:
+            self.say("Tor's first turns: p50 %.2f ms, p99 %.2f ms, %s ms CPU per tunnel"
+                     % (flights["flights_p50"], flights["flights_p99"], fmt(flights.get("flights_cpu"), 2)))
         if figures:
             self.say("setup %.0f conn/s, p50 %.2f ms, p99 %.2f ms, %s ms CPU each (%d connections)"
                      % (figures["setup_rate"], figures["setup_p50"], figures["setup_p99"],

@@ -54,6 +54,7 @@ import obfs4
 import obfs4_state
 import tlswire
 from curve25519 import elligator2_direct, x25519
+from teaching import tls_in_tls
 from teaching.pcap import CaptureError, load
 from teaching.present import (
     FIELD_HEADER,
@@ -552,6 +553,9 @@ def run_detect(conversations, secret_hash, iterations, out, tests=None):
         if tls:
             print("  TLS ClientHello: %s" % tlswire.summary(tls[1]), file=out)
             print("    whose: %s" % tlswire.whose(tls[1]), file=out)
+            flow = tls_in_tls.analyse(conv, tls[0])
+            if flow is not None:
+                print("\n".join("  " + line for line in tls_in_tls.flow_lines(flow)), file=out)
         print("  work: %s" % work, file=out)
         print("  %s" % encrypted, file=out)
         if tls and first is not None and first.looks_like == "TLS":

@@ -191,9 +191,10 @@ OBSERVER = {
                    "tell Python's OpenSSL from a browser by the ClientHello's JA4, the same for every "
                    "webtunnel client on Python's ssl (with curl_cffi the client sends Chrome's "
                    "WebSocket hello instead: a full handshake every time, and no close_notify)",
-                   "see the record sizes and timing: the upgrade, then the application's writes, each "
-                   "22 bytes larger; with Tor inside, its TLS handshake shows through (TLS in TLS) on a "
-                   "long-lived connection to a web site",
+                   "see the record sizes and timing: the upgrade, then the application's writes, cut "
+                   "into records below Tor's exact lengths for the first 16 KiB (record shaping); with "
+                   "Tor inside, its TLS handshake still shows in the bytes of each turn and the round "
+                   "trips (TLS in TLS) on a long-lived connection to a web site",
                    "with the bridge line (url=): ask the web server for the secret path and get a 101, "
                    "so confirm the bridge; or block the domain, at the cost of the whole site"],
                   ["flag it as fully encrypted: it is TLS, and the test exempts TLS (Ex5, or Ex1 first "

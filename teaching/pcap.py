@@ -231,16 +231,20 @@ class Conversation:
     not known, as in a recording). ``time``: unix time of its first packet (a
     recording: its file's modification time), or None. ``packets``: each side's TCP
     packets with data, [(unix time, payload bytes)] in capture order (retransmits too:
-    a censor sees them), or None for a recording.
+    a censor sees them), or None for a recording. ``timeline``: each captured
+    segment with data, in capture order, as (time, side, first byte's offset in that
+    side's stream, offset after its last byte); None for a recording, which keeps no
+    order between its two directions.
     """
 
     def __init__(self, name, ends, streams, initiator=None, notes=(), first_packets=(None, None),
-                 time=None, packets=None):
+                 time=None, packets=None, timeline=None):
         self.name, self.ends, self.streams, self.packets = name, ends, streams, packets
         self.initiator = initiator
         self.notes = list(notes)
         self.first_packets = tuple(first_packets)
         self.time = time
+        self.timeline = timeline
 
     def role_name(self, index):
         """'initiator', or '127.0.0.1:5000 (initiator)' when the capture names the ends."""
@@ -273,7 +277,8 @@ class TcpTable:
             conn = None                                # a new connection on the same ports
         if conn is None:
             conn = {"ends": (segment.src, segment.dst), "initiator": None, "time": when,
-                    "first_seq": [None, None], "segments": ([], []), "packets": ([], []), "cut": 0}
+                    "first_seq": [None, None], "segments": ([], []), "packets": ([], []), "cut": 0,
+                    "order": []}
             self._current[key] = conn
             self.connections.append(conn)
         side = conn["ends"].index(segment.src)
@@ -284,6 +289,7 @@ class TcpTable:
             if syn_only:
                 conn["initiator"] = side
         if segment.payload:
+            conn["order"].append((when, side, len(conn["segments"][side])))
             conn["segments"][side].append((seq, segment.payload))
             conn["packets"][side].append((when, len(segment.payload)))
         conn["cut"] += segment.cut
@@ -304,12 +310,23 @@ class TcpTable:
                 notes.append("%d packet(s) were cut at the capture's snapshot length" % conn["cut"])
             ends = tuple(format_address(end) for end in conn["ends"])
             packets = conn["packets"]
+            timeline = _timeline(conn)
             if conn["initiator"] == 1:
                 ends, streams, firsts, packets = ends[::-1], streams[::-1], firsts[::-1], packets[::-1]
+                timeline = [(when, 1 - side, start, end) for when, side, start, end in timeline]
             initiator = None if conn["initiator"] is None else 0
             arrow = "->" if initiator == 0 else "<->"
             yield Conversation("%s %s %s" % (ends[0], arrow, ends[1]), ends, tuple(streams),
-                               initiator, notes, firsts, conn["time"], tuple(packets))
+                               initiator, notes, firsts, conn["time"], tuple(packets), timeline)
+
+
+def _timeline(conn):
+    """[(time, side, start, end)] of a connection's segments with data, in capture order,
+    with offsets in each side's stream as ``reassemble`` places them."""
+    placed = [_placed(segments, first_seq) if segments else []
+              for segments, first_seq in zip(conn["segments"], conn["first_seq"])]
+    return [(when, side, placed[side][index][0], placed[side][index][0] + len(placed[side][index][1]))
+            for when, side, index in conn["order"]]
 
 
 def read_pcap(path):

@@ -590,7 +590,10 @@ def test_webtunnel_demo_shows_what_crossed_the_wire(tmp_path):
         assert shown[-1][3] == "alert: close_notify"
         carried = [(row[4], text) for row, (*_, text) in zip(rows, shown) if row[1] == row[3] == 23]
         assert carried[0][1] == "%d bytes: %s" % (len(head), name)
-        assert carried[1][1] == "%d bytes: %d bytes of the stream" % (len(demo.MESSAGE), len(demo.MESSAGE))
+        # Record shaping (on by default) cut the message into records of its own pieces.
+        pieces = [re.match(r"(\d+) bytes: (\d+) bytes of the stream\Z", text) for _, text in carried[1:]]
+        assert all(piece and piece.group(1) == piece.group(2) for piece in pieces), carried
+        assert len(pieces) >= 2 and sum(int(piece.group(1)) for piece in pieces) == len(demo.MESSAGE)
     names = [text for *_, text in re.findall(r"\n +(\d+)  (\w+) +(\d+)   handshake: (\w+)", out)]
     assert names[:5] == ["Finished", "EncryptedExtensions", "Certificate", "CertificateVerify", "Finished"]
 
@@ -599,10 +602,16 @@ def test_webtunnel_demo_shows_what_crossed_the_wire(tmp_path):
     for head in (request, response):
         lines = "".join("    %s\\r\\n\n" % line for line in head.decode().split("\r\n")[:-1])
         assert lines in upgrade
-    at = int(re.search(r"one record, at offset (\d+) of its bytes", out).group(1))
-    assert hexdump_rows(out, "113 + 17 bytes, sealed:") == c_wire[at:at + 48]
+    first = re.search(r"the first at offset (\d+) of its bytes: (\d+) \+ 17 bytes, sealed:", out)
+    at, size = int(first.group(1)), int(first.group(2))
+    assert hexdump_rows(out, "%d + 17 bytes, sealed:" % size) == c_wire[at:at + 48]
     assert unseal(suite, secrets["CLIENT_TRAFFIC_SECRET_0"], 1, c_wire[at:at + 5],
-                  c_wire[at + 5:at + 5 + 130]) == (23, demo.MESSAGE)
+                  c_wire[at + 5:at + 5 + size + 17]) == (23, demo.MESSAGE[:size])
+    # Tor's first writes without and with shaping: the exact lengths (*) only without.
+    shaping = out.split("Record shaping: Tor's first writes", 1)[1].split("\n\n", 1)[0]
+    off, on = shaping.split("shaping=off", 1)[1].split("shaping=on", 1)
+    assert "client -> server: 534* | 97 | 50 | 1067* | 1067*" in off
+    assert "*" not in on.split("Without shaping")[0]
     assert re.search(r"TLS record header 16 03 01 +offset 0 +offset 0: MATCH", out)
     assert re.search(r"\n    exempt \(Ex[15]\)  popcount", out)
     assert "OK: the message crossed the tunnel" in out

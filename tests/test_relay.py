@@ -268,6 +268,37 @@ def test_paced_pieces_go_in_order_and_wait_their_delays(ends):
     assert elapsed >= least, "paced pieces went early: %.3f s < %.3f s" % (elapsed, least)
 
 
+class PacedAtFirst(Paced):
+    """Paced for its first chunk only, then in place (webtunnel's bridge behind a front
+    paces its first bytes only)."""
+
+    DELAY = 0.001
+
+    @property
+    def paced(self):
+        return not any(call[0] == "send_paced" for call in self.calls)
+
+    def send_in_place(self, buffer):
+        self.calls.append(("in_place", bytes(buffer)))
+        return True
+
+
+def test_a_transport_that_stops_pacing_goes_back_to_sending_in_place(ends):
+    app, upstream, downstream, peer = ends()
+    transport = PacedAtFirst()
+    relay = Relay(upstream, downstream, transport)
+    first, rest = b"first chunk", bytes(range(256)) * 40
+    app.sendall(first)
+    assert recv_exact(peer, len(first)) == first
+    send_then_eof(app, rest)
+    assert recv_all(peer) == rest
+    peer.shutdown(socket.SHUT_WR)
+    assert relay.result() is None
+    assert transport.calls[0] == ("send_paced", first)
+    assert transport.calls[1:] and all(kind == "in_place" for kind, _ in transport.calls[1:])
+    assert b"".join(data for _, data in transport.calls[1:]) == rest
+
+
 @pytest.mark.parametrize("make_transport", [dummy, Framed, Paced], ids=["dummy", "framed", "paced"])
 def test_initial_bytes_go_first_and_in_order(ends, make_transport):
     """to_upstream (plaintext glued to the peer's handshake) reaches the app and

@@ -801,7 +801,9 @@ def test_x_forwarded_for_is_ignored_when_we_terminate_tls(ca):
 # --- close_notify and half-close -----------------------------------------------------
 
 def tls_pair(ca):
-    client_config, server_config = tls_configs(ca)
+    """An open TLS pair that writes one record per send (shaping off on both sides)."""
+    client_config, server_config = tls_configs(ca, shaping="off")
+    server_config = replace(server_config, shaping=None)
     client_config.context = ssl.create_default_context(cafile=ca.ca_file)
     client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
     drive(client, server)
