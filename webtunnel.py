@@ -967,6 +967,19 @@ class WebTunnel:
             self.state = TLS_HANDSHAKE
         else:
             self.state = WAIT_RESPONSE if initiator else WAIT_REQUEST
+        # The client's request: Chrome's under Chrome's hello (the browser route), else
+        # lyrebird's (Python's ssl, whose hello is no browser's, and http://). A server's
+        # 101, once sent, is ``response``.
+        self._key = None
+        self.request = self.response = None
+        if initiator:
+            user_agent = getattr(context, "user_agent", None)
+            if isinstance(self._tls, browser_tls.BrowserTLS) and user_agent:
+                self._key = websocket_key()
+                self.request = browser_request(config, user_agent, self._key)
+            else:
+                self.request = upgrade_request(config)
+        self._start_shaping(getattr(config, "shaping", None))
 
     @property
     def is_open(self):
