@@ -13,7 +13,7 @@ obfs4 (see ``obfs4.py``) needs, beyond SHA-2/HMAC from ``hashlib``:
 When PyNaCl (libsodium) is installed, secretbox, X25519 and the Edwards work of key
 generation run there instead; pycryptodome (``Crypto`` or ``Cryptodome``) and OpenSSL's
 libcrypto through ``ctypes`` serve other pieces; each only after it gives the known
-answers at import (accel.py). With none of them (``python3 -I -S``, or
+answers at import (cryptoroutes/chooser.py). With none of them (``python3 -I -S``, or
 ``OBFSPROXY_CRYPTO=stdlib``) everything still runs in pure Python, only slower.
 
 secretbox gives each frame confidentiality and integrity, **provided a nonce is never
@@ -56,7 +56,7 @@ One frame's secretbox (obfs4-spec 2.8)
 (libsodium's crypto_secretbox does all of this in one call from key, nonce24, packet;
 the portable route does it in two, with the subkey cached per direction.)
 
-Routes (accel.py says how each is chosen)
+Routes (cryptoroutes/chooser.py says how each is chosen)
 -----------------------------------------
 =============  ==========================================  ====================================
 piece          candidates, fastest first                   used for
@@ -97,16 +97,14 @@ import hashlib
 import hmac
 import struct
 
-import accel
-import curve25519
 import obfs4_drbg
-import pure_salsa20
-from accel import KnownAnswerError  # noqa: F401  (re-exported: obfs4_crypto.KnownAnswerError)
+from cryptoroutes import chooser, curve25519, pure_salsa20
+from cryptoroutes.chooser import KnownAnswerError  # noqa: F401  (re-exported: obfs4_crypto.KnownAnswerError)
 
-# The accelerator and the route chooser (accel.py), by the names the code below uses.
-_nacl, _NaClError, _PASSED_OVER = accel.nacl, accel.NaClError, accel.PASSED_OVER
-_choose, _answers, _gives = accel.choose, accel.answers, accel.gives
-_Poly1305_MAC, _lib_poly1305, Salsa20 = accel.Poly1305_MAC, accel.lib_poly1305, accel.Salsa20
+# The route chooser (chooser.py), by the names the code below uses.
+_nacl, _NaClError, _PASSED_OVER = chooser.nacl, chooser.NaClError, chooser.PASSED_OVER
+_choose, _answers, _gives = chooser.choose, chooser.answers, chooser.gives
+_Poly1305_MAC, _lib_poly1305, Salsa20 = chooser.Poly1305_MAC, chooser.lib_poly1305, chooser.Salsa20
 
 # --------------------------------------------------------------------------------------
 # HKDF-SHA256 (RFC 5869), for ntor's key expansion
@@ -589,7 +587,7 @@ def reported_routes():
     over" saying why (a family not used, a known answer failed): what obfs4 reports
     for the start-up NOTICE, so that it says what ``route_report()`` says."""
     chosen = routes()
-    why = accel.passed_over_text(list(chosen))
+    why = chooser.passed_over_text(list(chosen))
     if why:
         chosen["passed over"] = why
     return chosen
@@ -616,5 +614,5 @@ def route_report():
         failed = _PASSED_OVER.get(piece)
         parts.append("%s: %s%s" % (piece, route, " (%s failed its known answer)" % ", ".join(failed)
                                    if failed else ""))
-    parts += ["%s not used: %s" % item for item in accel.unavailable().items()]
+    parts += ["%s not used: %s" % item for item in chooser.unavailable().items()]
     return "; ".join(parts)

@@ -9,10 +9,9 @@ library is missing, and fails it in CI, which installs every library.
 import pytest
 from support import IN_CI
 
-import accel
-import curve25519 as curve
 import obfs4_crypto as c
-import pure_salsa20
+from cryptoroutes import chooser, pure_salsa20
+from cryptoroutes import curve25519 as curve
 
 ROUTES = ["chosen route", "PyNaCl", "pycryptodome", "libcrypto", "pure Python"]
 
@@ -21,10 +20,10 @@ def need(present, what):
     """Skip a test whose library is missing; in CI, fail it (CI installs everything)."""
     if present:
         return
-    if accel.MODE != "auto" and what == "PyNaCl":
-        pytest.skip("PyNaCl is ignored here (%s=%s)" % (accel.CRYPTO_ENV, accel.MODE))
-    if accel.MODE == "stdlib" and what.startswith("pycryptodome"):
-        pytest.skip("pycryptodome is ignored here (%s=stdlib)" % accel.CRYPTO_ENV)
+    if chooser.MODE != "auto" and what == "PyNaCl":
+        pytest.skip("PyNaCl is ignored here (%s=%s)" % (chooser.CRYPTO_ENV, chooser.MODE))
+    if chooser.MODE == "stdlib" and what.startswith("pycryptodome"):
+        pytest.skip("pycryptodome is ignored here (%s=stdlib)" % chooser.CRYPTO_ENV)
     if IN_CI:
         pytest.fail("%s is missing, but CI installs it (requirements-dev.txt)" % what)
     pytest.skip("%s is not installed" % what)
@@ -39,15 +38,15 @@ def use_route(monkeypatch, name):
     Code that imported a patched name itself (obfs4's ``x25519``) must be patched by
     its test too."""
     if name == "PyNaCl":
-        need(accel.nacl is not None, "PyNaCl")
+        need(chooser.nacl is not None, "PyNaCl")
         patch = [(c, "_SecretBoxRoute", c._NaClSecretBox), (curve, "x25519", curve._x25519_nacl),
                  (curve, "_dirty_u", curve._dirty_u_nacl)]
     elif name == "pycryptodome":
-        need(accel.Poly1305_MAC is not None, "pycryptodome's Poly1305_MAC")
-        need(accel.DH is not None, "pycryptodome >= 3.21 (Crypto.Protocol.DH)")
+        need(chooser.Poly1305_MAC is not None, "pycryptodome's Poly1305_MAC")
+        need(chooser.DH is not None, "pycryptodome >= 3.21 (Crypto.Protocol.DH)")
         need(curve._dirty_u_pycryptodome is not curve._dirty_u_unavailable, "pycryptodome's Ed25519 EccPoint")
-        need(accel.Integer is not None, "pycryptodome's Integer")
-        need(accel.Salsa20 is not None, "pycryptodome's Salsa20")
+        need(chooser.Integer is not None, "pycryptodome's Integer")
+        need(chooser.Salsa20 is not None, "pycryptodome's Salsa20")
         patch = [(c, "_SecretBoxRoute", c._PortableSecretBox), (c, "poly1305", c._poly1305_pycryptodome),
                  (c, "_salsa20_xor", c._salsa20_xor_pycryptodome),
                  (c, "hsalsa20", c._hsalsa20_pycryptodome), (curve, "x25519", curve._x25519_pycryptodome),
@@ -59,10 +58,10 @@ def use_route(monkeypatch, name):
                  (curve, "_dirty_u", curve._dirty_u_pure), (curve, "_field_pow", curve._field_pow_pure),
                  (c, "_salsa20_xor", pure_salsa20.salsa20_xor)]
     elif name == "libcrypto":
-        need(accel.lib_poly1305 is not None and accel.lib_x25519 is not None, "libcrypto (OpenSSL 3)")
-        need(accel.lib_modexp is not None, "libcrypto's BN_mod_exp_mont_consttime")
-        patch = [(c, "_SecretBoxRoute", c._PortableSecretBox), (c, "poly1305", accel.lib_poly1305),
-                 (c, "hsalsa20", c._hsalsa20_pure), (curve, "x25519", accel.lib_x25519),
+        need(chooser.lib_poly1305 is not None and chooser.lib_x25519 is not None, "libcrypto (OpenSSL 3)")
+        need(chooser.lib_modexp is not None, "libcrypto's BN_mod_exp_mont_consttime")
+        patch = [(c, "_SecretBoxRoute", c._PortableSecretBox), (c, "poly1305", chooser.lib_poly1305),
+                 (c, "hsalsa20", c._hsalsa20_pure), (curve, "x25519", chooser.lib_x25519),
                  (curve, "_dirty_u", curve._dirty_u_pure), (curve, "_field_pow", curve._field_pow_libcrypto),
                  (c, "_salsa20_xor", pure_salsa20.salsa20_xor)]
     else:

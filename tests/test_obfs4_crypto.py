@@ -23,11 +23,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import ROOT, load_vectors, pycryptodome_cipher
 
-import accel
-import curve25519 as curve
 import obfs4_crypto as c
 import obfs4_drbg
-import pure_salsa20
+from cryptoroutes import chooser, pure_salsa20
+from cryptoroutes import curve25519 as curve
 
 Salsa20 = pycryptodome_cipher("Salsa20")   # a second opinion, whatever OBFSPROXY_CRYPTO says
 
@@ -612,7 +611,7 @@ PORTABLE_ROUTES = {"secretbox": tuple("Salsa20 (%s) + Poly1305 (%s)" % (salsa, p
                    "Poly1305": ("libcrypto EVP_Q_mac", "pycryptodome Poly1305_MAC", "pure Python"),
                    "HSalsa20": ("pycryptodome Salsa20 seek", "pure Python"),
                    "Elligator2": ("libcrypto BN_mod_exp_mont_consttime",
-                                  "pycryptodome Integer (%s)" % getattr(accel.Integer, "__name__", "-"),
+                                  "pycryptodome Integer (%s)" % getattr(chooser.Integer, "__name__", "-"),
                                   "pure Python"),
                    "Salsa20": ("pycryptodome Salsa20", "pure Python"),
                    "hash DRBG": ("libcrypto EVP_MAC SipHash", "pure Python")}
@@ -642,16 +641,16 @@ def test_route_report_names_every_route_and_why_pynacl_is_not_used():
     for piece, route in c.routes().items():
         assert "%s: %s" % (piece, route) in report
     assert ("PyNaCl not used: " in report) == (c._nacl is None)
-    assert ("pycryptodome not used: " in report) == (accel.PYCRYPTODOME is None)
+    assert ("pycryptodome not used: " in report) == (chooser.PYCRYPTODOME is None)
 
 
 def test_the_reported_routes_say_why_a_family_was_passed_over(monkeypatch):
     """What obfs4 gives the start-up NOTICE says why, as route_report() does."""
     reported = c.reported_routes()
     assert {piece: route for piece, route in reported.items() if piece != "passed over"} == c.routes()
-    assert ("passed over" in reported) == bool(accel.unavailable() or any(accel.PASSED_OVER.values()))
-    monkeypatch.setattr(accel, "NACL_UNAVAILABLE", "OBFSPROXY_CRYPTO=stdlib")
-    monkeypatch.setattr(accel, "PYCRYPTODOME_UNAVAILABLE", "OBFSPROXY_CRYPTO=stdlib")
+    assert ("passed over" in reported) == bool(chooser.unavailable() or any(chooser.PASSED_OVER.values()))
+    monkeypatch.setattr(chooser, "NACL_UNAVAILABLE", "OBFSPROXY_CRYPTO=stdlib")
+    monkeypatch.setattr(chooser, "PYCRYPTODOME_UNAVAILABLE", "OBFSPROXY_CRYPTO=stdlib")
     why = c.reported_routes()["passed over"]
     assert "PyNaCl not used: OBFSPROXY_CRYPTO=stdlib; pycryptodome not used: OBFSPROXY_CRYPTO=stdlib" in why
 
@@ -663,41 +662,41 @@ def test_the_fast_routes_run_wherever_their_library_is():
         assert {piece: c.routes()[piece] for piece in NACL_ROUTES} == NACL_ROUTES
         assert c.pure_python_routes() == []
         return
-    if accel.lib_poly1305 is not None:
+    if chooser.lib_poly1305 is not None:
         assert c.POLY1305_ROUTE == "libcrypto EVP_Q_mac"
     elif c._Poly1305_MAC is not None:
         assert c.POLY1305_ROUTE == "pycryptodome Poly1305_MAC"
-    if accel.lib_x25519 is not None:
+    if chooser.lib_x25519 is not None:
         assert curve.X25519_ROUTE == "libcrypto EVP_PKEY_derive"
-    elif accel.DH is not None:
+    elif chooser.DH is not None:
         assert curve.X25519_ROUTE == "pycryptodome Crypto.Protocol.DH"
     if curve._dirty_u_pycryptodome is not curve._dirty_u_unavailable:
         assert curve.EDWARDS_ROUTE == "pycryptodome EccPoint"
-    if accel.LibSipHashStream is not None:
+    if chooser.LibSipHashStream is not None:
         assert obfs4_drbg.DRBG_ROUTE == "libcrypto EVP_MAC SipHash"
-    if accel.Salsa20 is not None:
+    if chooser.Salsa20 is not None:
         assert c.SALSA20_ROUTE == "pycryptodome Salsa20"
-    if accel.PYCRYPTODOME == "Crypto":     # pip's (Debian 12's 3.11 fails the seek answer)
+    if chooser.PYCRYPTODOME == "Crypto":     # pip's (Debian 12's 3.11 fails the seek answer)
         assert c.HSALSA20_ROUTE == "pycryptodome Salsa20 seek"
-    if accel.lib_modexp is not None:
+    if chooser.lib_modexp is not None:
         assert curve.ELLIGATOR2_ROUTE == "libcrypto BN_mod_exp_mont_consttime"
-    elif accel.Integer is not None:
+    elif chooser.Integer is not None:
         assert curve.ELLIGATOR2_ROUTE.startswith("pycryptodome Integer")
 
 
 def test_choose_takes_the_first_candidate_that_passes():
-    answers = accel.answers(c._POLY1305_ANSWERS)
+    answers = chooser.answers(c._POLY1305_ANSWERS)
     right = lambda key, data: c._poly1305_pure(key, data)
     wrong = lambda key, data: bytes(16)
     pure = (c._poly1305_pure, "pure Python")
 
     def raises(key, data):
         raise TypeError("another signature")
-    assert accel.choose([(right, "fast"), pure], answers) == (right, "fast", [])
-    assert accel.choose([(wrong, "wrong"), (raises, "raises"), (None, "missing"), (right, "fast"), pure],
+    assert chooser.choose([(right, "fast"), pure], answers) == (right, "fast", [])
+    assert chooser.choose([(wrong, "wrong"), (raises, "raises"), (None, "missing"), (right, "fast"), pure],
                      answers) == (right, "fast", ["wrong", "raises"])
-    assert accel.choose([(wrong, "wrong"), pure], answers) == (c._poly1305_pure, "pure Python", ["wrong"])
-    assert accel.choose([(None, "missing"), pure], answers) == (c._poly1305_pure, "pure Python", [])
+    assert chooser.choose([(wrong, "wrong"), pure], answers) == (c._poly1305_pure, "pure Python", ["wrong"])
+    assert chooser.choose([(None, "missing"), pure], answers) == (c._poly1305_pure, "pure Python", [])
 
 
 class FakeNaCl:
@@ -719,8 +718,8 @@ def test_a_wrong_field_power_is_not_chosen(monkeypatch):
     wrong = lambda x, e: pow(x, e - 1, curve.P)
     monkeypatch.setattr(curve, "_field_pow_pycryptodome", wrong)
     monkeypatch.setattr(curve, "_field_pow_libcrypto", wrong)
-    monkeypatch.setattr(curve, "_Integer", accel.Integer or object)
-    monkeypatch.setattr(accel, "lib_modexp", accel.lib_modexp or object())
+    monkeypatch.setattr(curve, "_Integer", chooser.Integer or object)
+    monkeypatch.setattr(chooser, "lib_modexp", chooser.lib_modexp or object())
     power, name, passed_over = curve._elligator2_route()
     assert power is curve._field_pow_pure and name == "pure Python" and len(passed_over) == 2
 
@@ -785,8 +784,8 @@ def test_pynacl_seals_alike_with_and_without_the_easy_api():
 def test_the_real_pynacl_routes_pass_their_self_tests():
     need(c._nacl is not None, "PyNaCl")
     assert c._secretbox_proven(c._NaClSecretBox)
-    assert accel.gives(curve._x25519_nacl, curve._X25519_ANSWERS)
-    assert accel.gives(curve._dirty_u_nacl, curve._EDWARDS_ANSWERS)
+    assert chooser.gives(curve._x25519_nacl, curve._X25519_ANSWERS)
+    assert chooser.gives(curve._dirty_u_nacl, curve._EDWARDS_ANSWERS)
 
 
 def test_pure_python_routes_lists_the_fallbacks_in_use(monkeypatch):
@@ -813,7 +812,7 @@ def test_a_wrong_salsa20_is_passed_over_for_the_pure_one(monkeypatch):
 
 
 def run_python(code, **env):
-    environ = {k: v for k, v in os.environ.items() if k != accel.CRYPTO_ENV}
+    environ = {k: v for k, v in os.environ.items() if k != chooser.CRYPTO_ENV}
     environ.update(env)
     return subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), env=environ,
                           capture_output=True, text=True, timeout=60)
@@ -821,7 +820,7 @@ def run_python(code, **env):
 
 # Python that breaks pycryptodome's Salsa20 (every byte of its keystream xor 1), run
 # before anything imports obfs4_crypto.
-BREAK_SALSA20 = ("from %s.Cipher import Salsa20\n" % accel.PYCRYPTODOME +
+BREAK_SALSA20 = ("from %s.Cipher import Salsa20\n" % chooser.PYCRYPTODOME +
                  "real = Salsa20.new\n"
                  "class Broken:\n"
                  "    def __init__(self, cipher): self.cipher = cipher\n"
@@ -833,7 +832,7 @@ BREAK_SALSA20 = ("from %s.Cipher import Salsa20\n" % accel.PYCRYPTODOME +
 def test_importing_with_a_broken_salsa20_passes_it_over_and_says_so():
     """The module is imported after pycryptodome's Salsa20 is broken: the pure route
     runs, and the report says why (HSalsa20's seek route is broken with it)."""
-    need(accel.Salsa20 is not None, "pycryptodome's Salsa20")
+    need(chooser.Salsa20 is not None, "pycryptodome's Salsa20")
     result = run_python(BREAK_SALSA20 + "import obfs4_crypto\nprint(obfs4_crypto.route_report())\n")
     assert result.returncode == 0, result.stderr
     assert "Salsa20: pure Python (pycryptodome Salsa20 failed its known answer)" in result.stdout
@@ -888,14 +887,14 @@ def test_a_misspelt_obfsproxy_crypto_stops_the_import():
 @pytest.mark.parametrize("value, use", [("", True), ("auto", True), (" Portable ", False),
                                         ("portable", False), ("stdlib", False)])
 def test_obfsproxy_crypto_values(value, use):
-    assert accel.use_nacl({accel.CRYPTO_ENV: value}) is use
-    assert accel.use_nacl({}) is True
+    assert chooser.use_nacl({chooser.CRYPTO_ENV: value}) is use
+    assert chooser.use_nacl({}) is True
 
 
 def test_pynacl_missing_or_broken_is_a_missing_route(monkeypatch):
-    assert accel.import_nacl(False) == (None, (), "OBFSPROXY_CRYPTO=portable")
+    assert chooser.import_nacl(False) == (None, (), "OBFSPROXY_CRYPTO=portable")
     monkeypatch.setitem(sys.modules, "nacl", None)              # "import nacl" -> ImportError
-    assert accel.import_nacl(True) == (None, (), "PyNaCl is not installed")
+    assert chooser.import_nacl(True) == (None, (), "PyNaCl is not installed")
     broken = types.ModuleType("nacl")
     broken.__path__ = []
 
@@ -903,7 +902,7 @@ def test_pynacl_missing_or_broken_is_a_missing_route(monkeypatch):
         raise OSError("libsodium.so.23: cannot open shared object file")
     broken.__getattr__ = fails
     monkeypatch.setitem(sys.modules, "nacl", broken)
-    module, error, why = accel.import_nacl(True)
+    module, error, why = chooser.import_nacl(True)
     assert module is None and error == () and why.startswith("PyNaCl failed to import (OSError: libsodium")
 
 

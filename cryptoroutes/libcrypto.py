@@ -1,9 +1,9 @@
-"""libcrypto.py: OpenSSL's libcrypto through ``ctypes``, with no compiler and no package.
+"""cryptoroutes/libcrypto.py: OpenSSL's libcrypto through ``ctypes``, with no compiler and no package.
 
 Python's own ``ssl`` and ``hashlib`` modules are linked against a libcrypto, so wherever
 Python can speak TLS that library is on the machine; ``ctypes`` (standard library) can
 call it. This module finds it, binds the few functions the transports need, and offers
-them as small objects. It proves nothing itself: accel.py runs each one against known
+them as small objects. It proves nothing itself: cryptoroutes/chooser.py runs each one against known
 answers before any transport uses it, and a missing or wrong one is passed over.
 
 Where the library is (``find``), best first:
@@ -29,7 +29,7 @@ What it offers (each None when the library or the name is missing; OpenSSL >= 1.
 =================  ===========================================  ===========================
 
 Measured against the other routes in one run (Python 3.11, OpenSSL 3.0, one core of
-a shared 2-core machine; each accel.py table puts the fastest first): AES-CTR set-up
+a shared 2-core machine; each cryptoroutes/chooser.py table puts the fastest first): AES-CTR set-up
 ~5 µs (pycryptodome ~11), 64 KiB in place ~6 GB/s (pycryptodome ~2.7); X25519 ~100-170
 µs with its EVP_PKEY set-up (pycryptodome ~155-260, PyNaCl ~50); Poly1305 of a frame
 ~8 µs (pycryptodome ~35); a DRBG block ~3.5 µs in a batch (Python ~11); obfs3's

@@ -1,4 +1,4 @@
-r"""curve25519.py: obfs4's keys: X25519, the "dirty" public keys of obfs4proxy 0.0.14, and
+r"""cryptoroutes/curve25519.py: obfs4's keys: X25519, the "dirty" public keys of obfs4proxy 0.0.14, and
 Elligator2 in its exact variant, so that public keys on the wire look like uniformly
 random bytes (obfs4-spec 2.2, 7.5, 7.6).
 
@@ -37,7 +37,7 @@ two top bits of its own representatives from ``tweak & 0xC0``; its public keys c
 torsion term chosen by the *unclamped* low bits of the private key (versions up to
 0.0.13 clamped first, so the term was always the identity).
 
-Routes (accel.py says how each is chosen)
+Routes (cryptoroutes/chooser.py says how each is chosen)
 -----------------------------------------
 =============  ==========================================  ====================================
 piece          candidates, fastest first                   used for
@@ -66,14 +66,14 @@ PyNaCl, ~0.2 ms on pycryptodome alone.
 import hashlib
 import os
 
-import accel
+from cryptoroutes import chooser
 
-accel.check_setting()     # a bad OBFSPROXY_CRYPTO stops here, in one line
+chooser.check_setting()     # a bad OBFSPROXY_CRYPTO stops here, in one line
 
-# The accelerator and the route chooser (accel.py), by the names the code below uses.
-_nacl, _NaClError, _PASSED_OVER = accel.nacl, accel.NaClError, accel.PASSED_OVER
-_choose, _answers, _gives = accel.choose, accel.answers, accel.gives
-_DH, _Integer, _lib_x25519 = accel.DH, accel.Integer, accel.lib_x25519
+# The route chooser (chooser.py), by the names the code below uses.
+_nacl, _NaClError, _PASSED_OVER = chooser.nacl, chooser.NaClError, chooser.PASSED_OVER
+_choose, _answers, _gives = chooser.choose, chooser.answers, chooser.gives
+_DH, _Integer, _lib_x25519 = chooser.DH, chooser.Integer, chooser.lib_x25519
 
 # --------------------------------------------------------------------------------------
 # Field arithmetic mod p = 2^255 - 19
@@ -308,14 +308,14 @@ _ELLIGATOR2_ANSWERS = [((bytes.fromhex(u), tweak), r and bytes.fromhex(r)) for u
 def _field_pow_libcrypto(x, exponent):
     """x^exponent mod p with libcrypto's BN_mod_exp_mont_consttime (~40 µs through ctypes
     where pycryptodome's Integer takes ~60 and pow() ~160, measured in one run)."""
-    return accel.lib_modexp(x, exponent, P)
+    return chooser.lib_modexp(x, exponent, P)
 
 
 def _elligator2_route():
     """The field power of Elligator2's inverse map: libcrypto's, else pycryptodome's
     Integer, else pow(), each proven through the whole map on the vectors."""
     name = "pycryptodome Integer (%s)" % getattr(_Integer, "__name__", "missing")
-    libcrypto = _field_pow_libcrypto if accel.lib_modexp else None
+    libcrypto = _field_pow_libcrypto if chooser.lib_modexp else None
     return _choose([(libcrypto, "libcrypto BN_mod_exp_mont_consttime"),
                     (_field_pow_pycryptodome if _Integer else None, name), (_field_pow_pure, "pure Python")],
                    lambda power: _gives(lambda u32, tweak: _elligator2_inverse(u32, tweak, power),
@@ -386,7 +386,7 @@ def _dirty_u_pure(priv32):
 
 def _make_dirty_u_pycryptodome():
     """The same with pycryptodome's public EccPoint on "Ed25519" (>= 3.15)."""
-    EccPoint = accel.pycryptodome("PublicKey.ECC", "EccPoint")
+    EccPoint = chooser.pycryptodome("PublicKey.ECC", "EccPoint")
     base = EccPoint(ED_GX, ED_GY, curve="Ed25519")
     torsion = [EccPoint(x, y, curve="Ed25519") for x, y in TORSION]
 

@@ -1,4 +1,4 @@
-"""pure_salsa20.py: Salsa20/20 in pure Python, many 64-byte blocks at once.
+"""cryptoroutes/pure_salsa20.py: Salsa20/20 in pure Python, many 64-byte blocks at once.
 
 Salsa20 is not in OpenSSL, so where neither PyNaCl nor pycryptodome is installed the
 obfs4 frame cipher (XSalsa20-Poly1305, obfs4_crypto.py) runs it here. One block is 20

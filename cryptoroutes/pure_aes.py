@@ -1,10 +1,10 @@
-"""pure_aes.py: AES (FIPS-197) encryption and AES-CTR in pure Python, the last resort.
+"""cryptoroutes/pure_aes.py: AES (FIPS-197) encryption and AES-CTR in pure Python, the last resort.
 
 obfs2 and obfs3 encrypt every byte with AES-128-CTR. Where neither pycryptodome nor a
 libcrypto reachable through ``ctypes`` is there (a Python built without ``_ctypes``,
 or without ``ssl``), this module keeps them working, slowly: CTR mode needs only the
 forward cipher, done here with the classic four 256-entry tables (each round of a
-column is four table look-ups and four XORs). accel.py uses it only after the
+column is four table look-ups and four XORs). cryptoroutes/chooser.py uses it only after the
 NIST SP 800-38A answers, and says in the route report when it does.
 
 Python integers are not constant time and the table look-ups depend on the key: a
