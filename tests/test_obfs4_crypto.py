@@ -475,6 +475,16 @@ def test_is_square_edges():
         [False, False, True, True, True, False, False]
 
 
+@settings(max_examples=200)
+@given(x=st.integers(-2 ** 256, 2 ** 256))
+def test_both_field_inversions_agree(x):
+    """pow(x, -1, p) (3.8 and newer) and Fermat's x^(p-2) (3.6, 3.7) give the same
+    inverse, and 0 for 0; the one in use is the first where pow() takes -1."""
+    assert curve._inv_euclid(x) == curve._inv_fermat(x)
+    assert x % P == 0 or curve._inv_fermat(x) * x % P == 1
+    assert curve._inv is (curve._inv_euclid if sys.version_info >= (3, 8) else curve._inv_fermat)
+
+
 def test_constants():
     k = ELLIGATOR["constants"]
     assert k["A"] == curve.A and k["non_square_Z"] == 2 and not curve._is_square(2)
