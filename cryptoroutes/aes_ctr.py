@@ -100,10 +100,9 @@ AES_MODES = (1, 6, 11)          # pycryptodome's MODE_ECB, MODE_CTR, MODE_GCM
 
 
 class _AES:
-    """``AES.new`` as obfs2, obfs3 and the tests call pycryptodome's: CTR mode over a
-    whole 16-byte counter block (``nonce=b""``, ``initial_value`` bytes or int) runs
-    on the route chosen above; any other mode (ECB, GCM: the tests' references) goes
-    to pycryptodome where it is used, else ECB to libcrypto."""
+    """``AES.new`` as obfs2 and obfs3 call pycryptodome's: CTR mode over a whole 16-byte
+    counter block (``nonce=b""``, ``initial_value`` bytes or int), on the route chosen
+    above. No other mode: the transports use none (the tests take pycryptodome's)."""
 
     MODE_ECB, MODE_CTR, MODE_GCM = AES_MODES
 
@@ -115,12 +114,8 @@ class _AES:
             if isinstance(counter, int):
                 counter = counter.to_bytes(16, "big")
             return aes_ctr(bytes(key), bytes(counter))
-        if _PycryptodomeAES is not None:
-            return _PycryptodomeAES.new(key, mode, *args, **kwargs)
-        if mode == _AES.MODE_ECB and not args and not kwargs and chooser.LibAesEcb:
-            return chooser.LibAesEcb(key)
-        raise ValueError("AES mode %r with %s needs pycryptodome: %s"
-                         % (mode, sorted(kwargs), chooser.PYCRYPTODOME_UNAVAILABLE))
+        raise ValueError("AES.new here runs only CTR mode over a whole counter block "
+                         "(nonce=b\"\", initial_value=...), not mode %r with %s" % (mode, sorted(kwargs)))
 
 
 AES = _AES

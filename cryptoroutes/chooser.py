@@ -241,7 +241,6 @@ lib_x25519 = _from_libcrypto("make_x25519")
 lib_poly1305 = _from_libcrypto("make_poly1305")
 LibSipHashStream = _from_libcrypto("make_siphash_stream")
 lib_modexp = _from_libcrypto("make_modexp")
-LibAesEcb = _from_libcrypto("make_aes_ecb")
 
 
 def _modexp_proven(modexp):

@@ -25,7 +25,6 @@ What it offers (each None when the library or the name is missing; OpenSSL >= 1.
                    (OpenSSL 3): a streaming SipHash
 ``modexp``         ``BN_mod_exp_mont_consttime``                obfs3's UniformDH,
                                                                 Elligator2's field power
-``AesEcb``         AES-ECB, ``EVP_CipherUpdate``                 the tests' reference AES
 =================  ===========================================  ===========================
 
 Measured against the other routes in one run (Python 3.11, OpenSSL 3.0, one core of
@@ -36,8 +35,8 @@ a shared 2-core machine; each cryptoroutes/chooser.py table puts the fastest fir
 1536-bit power ~1.1 ms (pycryptodome ~1.8, pow() ~11).
 
 Every native object is freed: a context that lives with a Python object is freed by a
-``weakref.finalize`` when the object goes (``live_objects()`` counts them, and the
-tests prove it returns to where it was); the one-shot calls free theirs before they
+``weakref.finalize`` when the object goes (``_live`` counts them, and the tests prove
+it returns to where it was); the one-shot calls free theirs before they
 return, failure or not. Errors are cleared from OpenSSL's per-thread queue.
 """
 
@@ -49,12 +48,7 @@ import sys
 import weakref
 
 _c_int, _c_size_t, _c_void_p, _c_char_p = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
-_live = [0]     # native contexts still owned by a Python object (for the leak test)
-
-
-def live_objects():
-    """How many native contexts made here are still waiting to be freed."""
-    return _live[0]
+_live = [0]     # native contexts still owned by a Python object (the tests read it)
 
 
 def library_files(platform=sys.platform):
@@ -350,9 +344,9 @@ def make_siphash_stream(bindings):
         _live[0] -= 1
 
     class SipHashStream:
-        """SipHash-2-4 (8-byte output) under ``key16``: ``update(data)`` absorbs,
-        ``digest()`` finishes a duplicate of the state (EVP_MAC_CTX_dup), so the
-        stream goes on; ``blocks(m, count)`` is obfs4's DRBG loop in the same calls."""
+        """SipHash-2-4 (8-byte output) under ``key16``, one state that absorbs and is
+        never reset: ``blocks(m, count)`` is obfs4's DRBG loop, each digest taken
+        from a duplicate of the state (EVP_MAC_CTX_dup), so the stream goes on."""
 
         def __init__(self, key16):
             if len(key16) != 16:
@@ -368,23 +362,6 @@ def make_siphash_stream(bindings):
                 _failed(b, "EVP_MAC_init(SIPHASH) failed")
             self._ctx, self._params = ctx, keep_alive
             self._out, self._length = ctypes.create_string_buffer(8), _c_size_t(0)
-
-        def update(self, data):
-            data = bytes(data)
-            if mac_update(self._ctx, data, len(data)) != 1:
-                _failed(b, "EVP_MAC_update failed")
-
-        def digest(self):
-            """SipHash of everything absorbed so far (8 bytes); the state is kept."""
-            copy = ctx_dup(self._ctx)
-            if not copy:
-                _failed(b, "EVP_MAC_CTX_dup failed")
-            try:
-                if mac_final(copy, self._out, ctypes.byref(self._length), 8) != 1 or self._length.value != 8:
-                    _failed(b, "EVP_MAC_final failed")
-            finally:
-                ctx_free(copy)
-            return self._out.raw
 
         def blocks(self, block, count):
             """obfs4's DRBG: ``count`` times absorb the 8-byte ``block`` and let the
@@ -471,55 +448,3 @@ def make_modexp(bindings):
             if ctx:
                 ctx_free(ctx)
     return modexp
-
-
-# --------------------------------------------------------------------------------------
-# AES-ECB (the tests' reference block cipher, and stress.py's)
-# --------------------------------------------------------------------------------------
-
-def make_aes_ecb(bindings):
-    """The ``AesEcb`` class (whole 16-byte blocks, no padding), or None."""
-    b, lib = bindings, bindings.lib
-    ciphers = {}
-    for bits in (128, 192, 256):
-        get = _bind(lib, "EVP_aes_%d_ecb" % bits, _c_void_p)
-        ciphers[bits // 8] = get() if get else None
-    init = _bind(lib, "EVP_CipherInit_ex", _c_int, _c_void_p, _c_void_p, _c_void_p, _c_char_p, _c_char_p,
-                 _c_int)
-    update = _bind(lib, "EVP_CipherUpdate", _c_int, _c_void_p, _c_void_p, ctypes.POINTER(_c_int), _c_char_p,
-                   _c_int)
-    padding = _bind(lib, "EVP_CIPHER_CTX_set_padding", _c_int, _c_void_p, _c_int)
-    if not (init and update and padding and b.EVP_CIPHER_CTX_new and ciphers.get(16)):
-        return None
-
-    class AesEcb:
-        """AES on whole blocks: ``encrypt`` and ``decrypt`` (FIPS-197's cipher and its
-        inverse), a context per call, freed before it returns."""
-
-        def __init__(self, key):
-            if ciphers.get(len(key)) is None:
-                raise ValueError("AES takes a 16, 24 or 32-byte key")
-            self._key = bytes(key)
-
-        def _run(self, data, encrypt):
-            data = bytes(data)
-            if len(data) % 16:
-                raise ValueError("AES-ECB takes whole 16-byte blocks")
-            ctx = b.EVP_CIPHER_CTX_new()
-            try:
-                out, length = ctypes.create_string_buffer(len(data) + 16), _c_int(0)
-                if not ctx or init(ctx, ciphers[len(self._key)], None, self._key, None, encrypt) != 1 or \
-                        padding(ctx, 0) != 1 or update(ctx, out, ctypes.byref(length), data, len(data)) != 1:
-                    _failed(b, "AES-ECB failed")
-                return out.raw[:length.value]
-            finally:
-                if ctx:
-                    b.EVP_CIPHER_CTX_free(ctx)
-
-        def encrypt(self, data):
-            return self._run(data, 1)
-
-        def decrypt(self, data):
-            return self._run(data, 0)
-
-    return AesEcb
