@@ -10,6 +10,10 @@ chooser.py         the families of routes (PyNaCl, pycryptodome, system librarie
 aes_ctr.py         AES-CTR for obfs2 and obfs3, and ``AES.new`` in pycryptodome's words
 curve25519.py      obfs4's keys: X25519, the "dirty" Edwards public key, Elligator2
 libcrypto.py       OpenSSL's libcrypto (the one Python's ``ssl`` runs) through ctypes
+libsodium.py       the system's libsodium through ctypes (what PyNaCl would give)
+nettle.py          the system's nettle through ctypes (Salsa20)
+libgcrypt.py       the system's libgcrypt through ctypes (Salsa20)
+syslib.py          how a system library is found (never required), and handed buffers
 pure_aes.py        AES and AES-CTR in plain Python, the last resort
 pure_salsa20.py    Salsa20 in plain Python, many blocks side by side, the last resort
 =================  ====================================================================

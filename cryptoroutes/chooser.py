@@ -1,49 +1,60 @@
 """cryptoroutes/chooser.py: the crypto libraries we may use, and how each crypto route is chosen.
 
-Every primitive the transports run has candidate routes, fastest first, from four
+Every primitive the transports run has candidate routes, fastest first, from these
 families: libsodium through PyNaCl; pycryptodome's C code (its ``Crypto`` namespace
-from pip, or ``Cryptodome`` from Debian's python3-pycryptodome: the same code); OpenSSL's
-libcrypto, the one Python's own ``ssl`` runs, through ``ctypes`` (libcrypto.py); and
-pure Python (pure_aes.py, pure_salsa20.py and the pure functions of each module). Where
-a libcrypto route measured faster than pycryptodome's (AES-CTR: its set-up and its bulk;
-Poly1305; X25519; modular powers; a streaming SipHash, which nothing else offers), it
-comes first, whatever is installed. A candidate is used only if it gives
-every known answer (copied from ``shared/vectors``; the tests check the copies) when its
-module is imported; one that is missing, raises, or answers wrongly is skipped for the
-next. The last candidate, the pure-Python function, is the fallback (the tests prove it
-on the same vectors), so an upgrade of any library can make us slower, never wrong.
-``choose`` does this; ``PASSED_OVER`` remembers which routes failed, and
-``unavailable()`` why a family is not used at all, for the route report.
+from pip, or ``Cryptodome`` from Debian's python3-pycryptodome: the same code); the
+system's own libraries through ``ctypes``, with no package: OpenSSL's libcrypto, the one
+Python's own ``ssl`` runs (libcrypto.py), libsodium (libsodium.py), nettle (nettle.py)
+and libgcrypt (libgcrypt.py), each found by its platform's names (syslib.py) and never
+required; and plain Python (pure_aes.py, pure_salsa20.py and the pure functions of each
+module). Where a system route measured faster than a package's, it comes first,
+whatever is installed. A candidate is used only if it gives every known answer (copied
+from ``shared/vectors``; the tests check the copies) when its module is imported; one
+that is missing, raises, or answers wrongly is skipped for the next. The last
+candidate, the plain-Python function, is the fallback (the tests prove it on the same
+vectors), so an upgrade of any library can make us slower, never wrong. ``choose`` does
+this; ``PASSED_OVER`` remembers which routes failed, and ``unavailable()`` why a family
+is not used at all, for the route report.
 
 ``OBFSPROXY_CRYPTO`` in the environment picks the families (``MODES``):
 
 =============  =======================================================================
-(unset), auto  every family that imports
-portable       ignore PyNaCl, as if it were not installed (the pycryptodome routes)
-stdlib         ignore PyNaCl and pycryptodome: only what Python alone has (libcrypto
-               through ctypes, then pure Python), as on a machine with nothing installed
+(unset), auto  every family that loads
+portable       leave out PyNaCl, as if it were not installed (the pycryptodome routes)
+stdlib         leave out PyNaCl and pycryptodome: no Python package, only what Python
+               reaches alone (the system's libraries through ctypes, then plain
+               Python), as on a machine where nothing can be installed
+python         plain Python only: no package and no system library
 =============  =======================================================================
 
-The tests, CI and the benchmark use ``portable`` and ``stdlib`` to run those routes on a
-machine that has every library. Any other value is an error: a typo must not silently
-pick a route. Importing this module never fails for it (obfsproxy.py imports it before
-it can report errors); the first import of a route module (aes_ctr.py, curve25519.py,
-...) raises ``CryptoSettingError``, which obfsproxy.py reports in one line, and to Tor
-as ENV-ERROR.
+``OBFSPROXY_CRYPTO_SKIP`` leaves out the families it names, comma-separated, whatever
+the mode: ``pynacl``, ``pycryptodome``, ``libcrypto``, ``libsodium``, ``nettle``,
+``libgcrypt`` (e.g. ``OBFSPROXY_CRYPTO_SKIP=libsodium,nettle``: Salsa20 then runs on
+libgcrypt), for an operator who distrusts a library, and for the tests. The tests, CI
+and the benchmark use both to run each route on a machine that has every library. Any
+other value of either is an error: a typo must not silently pick a route. Importing
+this module never fails for it (obfsproxy.py imports it before it can report errors);
+the first import of a route module (aes_ctr.py, curve25519.py, ...) raises
+``CryptoSettingError``, which obfsproxy.py reports in one line, and to Tor as ENV-ERROR.
 
 We call pycryptodome and PyNaCl only through their public functions: no underscored
 names, no cffi handles. (Calling pycryptodome's ``_raw_api`` C handles directly saved
 ~3.5 µs per frame, but a private route can change its meaning in any release.) The one
 lightly documented name is ``Poly1305.Poly1305_MAC`` (a raw-key Poly1305), used only
-after its known answers. libcrypto is called only through its public, documented API.
+after its known answers. The system libraries are called only through their public,
+documented APIs.
 """
 
 import importlib
 import os
 
 CRYPTO_ENV = "OBFSPROXY_CRYPTO"
-# value -> (use PyNaCl, use pycryptodome)
-MODES = {"auto": (True, True), "portable": (False, True), "stdlib": (False, False)}
+SKIP_ENV = "OBFSPROXY_CRYPTO_SKIP"
+PACKAGES = ("PyNaCl", "pycryptodome")
+SYSTEM_LIBRARIES = ("libcrypto", "libsodium", "nettle", "libgcrypt")
+FAMILIES = PACKAGES + SYSTEM_LIBRARIES
+# value -> the families it lets in
+MODES = {"auto": FAMILIES, "portable": FAMILIES[1:], "stdlib": SYSTEM_LIBRARIES, "python": ()}
 
 
 class KnownAnswerError(RuntimeError):
@@ -57,20 +68,42 @@ class CryptoSettingError(KnownAnswerError, ValueError):
 
 
 def crypto_mode(environ):
-    """"auto", "portable" or "stdlib" from OBFSPROXY_CRYPTO (unset or empty: "auto");
-    CryptoSettingError, in one line that names the values, for any other."""
+    """"auto", "portable", "stdlib" or "python" from OBFSPROXY_CRYPTO (unset or empty:
+    "auto"); CryptoSettingError, in one line that names the values, for any other."""
     value = environ.get(CRYPTO_ENV, "").strip().lower() or "auto"
     if value not in MODES:
         raise CryptoSettingError(
             "%s=%r is not a crypto route setting: use 'auto' (the default: the fastest route that "
-            "gives the known answers), 'portable' (ignore PyNaCl) or 'stdlib' (no package: libcrypto "
-            "through ctypes, then pure Python)" % (CRYPTO_ENV, environ[CRYPTO_ENV]))
+            "gives the known answers), 'portable' (leave out PyNaCl), 'stdlib' (no package: the "
+            "system's libraries through ctypes, then plain Python) or 'python' (plain Python only)"
+            % (CRYPTO_ENV, environ[CRYPTO_ENV]))
     return value
 
 
+def skipped_families(environ):
+    """The families OBFSPROXY_CRYPTO_SKIP names (a comma-separated list, any case), by
+    their names in FAMILIES; CryptoSettingError, in one line, for a name that is none."""
+    by_lower = {family.lower(): family for family in FAMILIES}
+    names = [name.strip().lower() for name in environ.get(SKIP_ENV, "").split(",") if name.strip()]
+    wrong = [name for name in names if name not in by_lower]
+    if wrong:
+        raise CryptoSettingError("%s=%r names no crypto library (%s): use a comma-separated list of %s"
+                                 % (SKIP_ENV, environ[SKIP_ENV], ", ".join(wrong),
+                                    ", ".join(sorted(by_lower))))
+    return tuple(family for family in FAMILIES if family.lower() in names)
+
+
+def families(environ):
+    """{family: None if it may be used, else why not} under OBFSPROXY_CRYPTO and
+    OBFSPROXY_CRYPTO_SKIP; CryptoSettingError for a bad value of either."""
+    mode, skipped = crypto_mode(environ), skipped_families(environ)
+    return {family: ("%s=%s" % (CRYPTO_ENV, mode) if family not in MODES[mode] else
+                     "left out by %s" % SKIP_ENV if family in skipped else None) for family in FAMILIES}
+
+
 def use_nacl(environ):
-    """True if OBFSPROXY_CRYPTO lets PyNaCl be used (unset or ``auto``)."""
-    return MODES[crypto_mode(environ)][0]
+    """True if OBFSPROXY_CRYPTO and OBFSPROXY_CRYPTO_SKIP let PyNaCl be used."""
+    return families(environ)["PyNaCl"] is None
 
 
 def import_nacl(use_nacl, mode="portable"):
@@ -134,25 +167,48 @@ def load_libcrypto():
         return None, "libcrypto could not be used (%s: %s)" % (type(exc).__name__, exc)
 
 
+def load_system_library(module_name):
+    """(that module's Bindings, None) or (None, why not) for one of the system
+    libraries beside libcrypto (libsodium, nettle, libgcrypt): a missing library, or
+    any failure while loading it, is a family not used."""
+    try:
+        module = importlib.import_module("cryptoroutes." + module_name)
+    except ImportError as exc:
+        return None, "ctypes is not available (%s)" % exc
+    try:
+        return module.load()
+    except Exception as exc:  # never let a strange library stop the program
+        return None, "%s could not be used (%s: %s)" % (module_name, type(exc).__name__, exc)
+
+
 try:
     MODE, MODE_ERROR = crypto_mode(os.environ), None
+    LEFT_OUT = families(os.environ)
 except CryptoSettingError as _error:
     MODE, MODE_ERROR = None, _error
-
+    LEFT_OUT = dict.fromkeys(FAMILIES, "no setting")
 
 
 def check_setting():
-    """Raise the CryptoSettingError of a bad OBFSPROXY_CRYPTO (each route module calls
-    this first; obfs2 and obfs3 get it from ``from cryptoroutes.aes_ctr import AES``)."""
+    """Raise the CryptoSettingError of a bad OBFSPROXY_CRYPTO or OBFSPROXY_CRYPTO_SKIP
+    (each route module calls this first)."""
     if MODE_ERROR is not None:
         raise MODE_ERROR
 
 
-USE_NACL, USE_PYCRYPTODOME = MODES.get(MODE, (False, False))
+def _family(family, load):
+    """load() -> (value, why not) when ``family`` may be used, else (None, why it is left out)."""
+    return load() if LEFT_OUT[family] is None else (None, LEFT_OUT[family])
+
+
 # nacl is None without PyNaCl; NaClError is () then, so "except NaClError" catches nothing.
-nacl, NaClError, NACL_UNAVAILABLE = import_nacl(USE_NACL, MODE)
-PYCRYPTODOME, PYCRYPTODOME_UNAVAILABLE = import_pycryptodome(USE_PYCRYPTODOME, MODE)
-LIBCRYPTO, LIBCRYPTO_UNAVAILABLE = load_libcrypto() if MODE else (None, "no setting")
+nacl, NaClError, NACL_UNAVAILABLE = import_nacl(True) if LEFT_OUT["PyNaCl"] is None else \
+    (None, (), LEFT_OUT["PyNaCl"])
+PYCRYPTODOME, PYCRYPTODOME_UNAVAILABLE = _family("pycryptodome", lambda: import_pycryptodome(True))
+LIBCRYPTO, LIBCRYPTO_UNAVAILABLE = _family("libcrypto", load_libcrypto)
+LIBSODIUM, LIBSODIUM_UNAVAILABLE = _family("libsodium", lambda: load_system_library("libsodium"))
+NETTLE, NETTLE_UNAVAILABLE = _family("nettle", lambda: load_system_library("nettle"))
+LIBGCRYPT, LIBGCRYPT_UNAVAILABLE = _family("libgcrypt", lambda: load_system_library("libgcrypt"))
 
 # pycryptodome's optional fast routes; each is used only after its import-time self-test.
 Poly1305_MAC = pycryptodome("Hash.Poly1305", "Poly1305_MAC")   # a raw-key Poly1305
@@ -165,7 +221,8 @@ def unavailable():
     """{family: why it is not used} for the families that are not, e.g.
     {"PyNaCl": "OBFSPROXY_CRYPTO=stdlib", "pycryptodome": "OBFSPROXY_CRYPTO=stdlib"}."""
     found = {"PyNaCl": NACL_UNAVAILABLE, "pycryptodome": PYCRYPTODOME_UNAVAILABLE,
-             "libcrypto": LIBCRYPTO_UNAVAILABLE}
+             "libcrypto": LIBCRYPTO_UNAVAILABLE, "libsodium": LIBSODIUM_UNAVAILABLE,
+             "nettle": NETTLE_UNAVAILABLE, "libgcrypt": LIBGCRYPT_UNAVAILABLE}
     return {family: why for family, why in found.items() if why}
 
 
@@ -181,6 +238,17 @@ def passed_over_text(pieces=None, families=None):
         if failed and (pieces is None or piece in pieces):
             parts.append("%s: %s failed its known answer" % (piece, ", ".join(failed)))
     return "; ".join(parts)
+
+
+def byte_view(data):
+    """A memoryview of ``data`` whose items are bytes, so that len() and slices count
+    bytes: a view of another format (``.cast("I")``, an ``array("I")``) counts its
+    items, and a route that took that for the length would cover part of the buffer.
+    Every route reads its input as its bytes (the tests prove it on each)."""
+    view = memoryview(data)
+    if view.ndim == 1 and view.format in ("B", "b", "c"):
+        return view
+    return view.cast("B") if view.c_contiguous else memoryview(view.tobytes())
 
 
 def gives(function, answers):
@@ -241,6 +309,31 @@ lib_x25519 = _from_libcrypto("make_x25519")
 lib_poly1305 = _from_libcrypto("make_poly1305")
 LibSipHashStream = _from_libcrypto("make_siphash_stream")
 lib_modexp = _from_libcrypto("make_modexp")
+
+
+# --------------------------------------------------------------------------------------
+# The other system libraries' routes (each None where the library or the name is missing)
+# --------------------------------------------------------------------------------------
+
+def _from_library(bindings, module_name, make):
+    """cryptoroutes.<module_name>.<make>(bindings), or None without the library or
+    when it fails."""
+    if bindings is None:
+        return None
+    try:
+        return getattr(importlib.import_module("cryptoroutes." + module_name), make)(bindings)
+    except Exception:  # a strange library is a missing one: the routes below fall back
+        return None
+
+
+sodium_secretbox = _from_library(LIBSODIUM, "libsodium", "make_secretbox")     # (seal, open)
+sodium_x25519 = _from_library(LIBSODIUM, "libsodium", "make_x25519")
+sodium_ed25519 = _from_library(LIBSODIUM, "libsodium", "make_ed25519")         # (base, add)
+sodium_salsa20_xor = _from_library(LIBSODIUM, "libsodium", "make_salsa20_xor")
+sodium_hsalsa20 = _from_library(LIBSODIUM, "libsodium", "make_hsalsa20")
+sodium_poly1305 = _from_library(LIBSODIUM, "libsodium", "make_poly1305")
+nettle_salsa20_xor = _from_library(NETTLE, "nettle", "make_salsa20_xor")
+gcrypt_salsa20_xor = _from_library(LIBGCRYPT, "libgcrypt", "make_salsa20_xor")
 
 
 def _modexp_proven(modexp):

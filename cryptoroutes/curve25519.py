@@ -37,17 +37,19 @@ two top bits of its own representatives from ``tweak & 0xC0``; its public keys c
 torsion term chosen by the *unclamped* low bits of the private key (versions up to
 0.0.13 clamped first, so the term was always the identity).
 
-Routes (cryptoroutes/chooser.py says how each is chosen)
+Routes (chooser.py says how each is chosen)
 -----------------------------------------
 =============  ==========================================  ====================================
 piece          candidates, fastest first                   used for
 =============  ==========================================  ====================================
 X25519         PyNaCl ``crypto_scalarmult``;               ntor: two per handshake and side
+               libsodium ``crypto_scalarmult`` (ctypes);
                libcrypto ``EVP_PKEY_derive`` (ctypes);
                pycryptodome ``Crypto.Protocol.DH``;
                pure Python
 edwards25519   PyNaCl ``crypto_scalarmult_ed25519_base``   ``dirty_public_key``: about two per
                + ``crypto_core_ed25519_add``;              keypair (the rejection loop)
+               the same from libsodium (ctypes);
                pycryptodome ``EccPoint``; pure Python
 Elligator2     the field power of the inverse map:         ``elligator2_inverse``: about two
                libcrypto ``BN_mod_exp_mont_consttime``;    per keypair
@@ -242,9 +244,11 @@ _X25519_ANSWERS = [
 
 
 def _x25519_route():
-    """X25519: PyNaCl, else libcrypto's (~100 µs with its EVP_PKEY set-up, where
-    pycryptodome's DH takes ~150), else pycryptodome's DH, else the pure ladder."""
+    """X25519: PyNaCl, else the system's libsodium through ctypes (the same C), else
+    libcrypto's (~100 µs with its EVP_PKEY set-up, where pycryptodome's DH takes ~150),
+    else pycryptodome's DH, else the pure ladder."""
     return _choose([(_x25519_nacl if _nacl else None, "PyNaCl crypto_scalarmult"),
+                    (chooser.sodium_x25519, "libsodium crypto_scalarmult"),
                     (_lib_x25519, "libcrypto EVP_PKEY_derive"),
                     (_x25519_pycryptodome if _DH else None, "pycryptodome Crypto.Protocol.DH"),
                     (_x25519_pure, "pure Python")], _answers(_X25519_ANSWERS))
@@ -471,9 +475,29 @@ _EDWARDS_ANSWERS = [((bytes.fromhex(priv),), bytes.fromhex(u)) for priv, u in (
      "df035ae1494d7c550bd5d896372f8df941a85b7dc2d8dd85961e80d7abdef370"))]
 
 
+def _make_dirty_u_sodium(ed25519):
+    """``_dirty_u_nacl``'s two steps on the system's libsodium through ctypes
+    (chooser.sodium_ed25519: base and add)."""
+    base, add = ed25519
+
+    def _dirty_u_sodium(priv32):
+        """u of clamp(priv)·G + T[priv[0] & 7], libsodium through ctypes."""
+        point = base(_bytes32(_clamp(priv32)))
+        index = priv32[0] & 7
+        if index:
+            point = add(point, _TORSION_ENCODED[index])
+        return _bytes32(_u_from_edwards(int.from_bytes(point, "little") & M255))
+    return _dirty_u_sodium
+
+
+_dirty_u_sodium = _make_dirty_u_sodium(chooser.sodium_ed25519) if chooser.sodium_ed25519 else None
+
+
 def _edwards_route():
-    """The dirty key's Edwards work: PyNaCl, else pycryptodome's EccPoint, else pure Python."""
+    """The dirty key's Edwards work: PyNaCl, else the system's libsodium through ctypes,
+    else pycryptodome's EccPoint, else pure Python."""
     return _choose([(_dirty_u_nacl if _nacl else None, "PyNaCl crypto_scalarmult_ed25519_base"),
+                    (_dirty_u_sodium, "libsodium crypto_scalarmult_ed25519_base"),
                     (None if _dirty_u_pycryptodome is _dirty_u_unavailable else _dirty_u_pycryptodome,
                      "pycryptodome EccPoint"),
                     (_dirty_u_pure, "pure Python")], _answers(_EDWARDS_ANSWERS))

@@ -47,6 +47,8 @@ import os
 import sys
 import weakref
 
+from cryptoroutes import syslib
+
 _c_int, _c_size_t, _c_void_p, _c_char_p = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
 _live = [0]     # native contexts still owned by a Python object (the tests read it)
 
@@ -67,8 +69,8 @@ def library_files(platform=sys.platform):
         else:
             files.append(path)
     system = ctypes.util.find_library("crypto") or ctypes.util.find_library("libcrypto")
-    if system:
-        files.append(system)
+    if system and not (platform == "darwin" and syslib.is_unversioned_dylib(system)):
+        files.append(system)        # (macOS aborts the process that opens /usr/lib/libcrypto.dylib)
     return list(dict.fromkeys(files))
 
 
@@ -105,15 +107,9 @@ def version(lib):
 
 
 def _readable(data):
-    """A pointer-like argument for ``data`` (bytes as they are; others copied if
-    read-only) and its length."""
-    if type(data) is bytes:
-        return data, len(data)
-    try:
-        return (ctypes.c_char * len(data)).from_buffer(data), len(data)
-    except TypeError:       # read-only (a memoryview of bytes): one copy
-        data = bytes(data)
-        return data, len(data)
+    """A pointer-like argument for ``data`` and its length in bytes (syslib.readable:
+    items that are not bytes count by their bytes)."""
+    return syslib.readable(data)
 
 
 class Bindings:
@@ -212,13 +208,13 @@ def make_aes_ctr(bindings):
         def encrypt(self, data, output=None):
             """data XOR the next len(data) keystream bytes: bytes, or None when written
             into ``output``."""
-            size = len(data)
+            size = len(data) if type(data) is bytes else memoryview(data).nbytes
             if output is None:
                 out = buffer_of(size)
-            elif len(output) != size:
+            elif memoryview(output).nbytes != size:
                 raise ValueError("output must have the length of the input")
             else:
-                out = (char * size).from_buffer(output)
+                out = (char * size).from_buffer(memoryview(output).cast("B"))
             source, _ = (out, size) if output is data else _readable(data)
             ctx, length = self._ctx, self._out_length
             if size <= chunk:
@@ -228,7 +224,7 @@ def make_aes_ctr(bindings):
                 address, offset_of = ctypes.addressof(out), ctypes.c_char_p
                 for offset in range(0, size, chunk):
                     part = min(chunk, size - offset)
-                    source_part = bytes(memoryview(data)[offset:offset + part])
+                    source_part = bytes(memoryview(data).cast("B")[offset:offset + part])
                     if update(ctx, address + offset, length, offset_of(source_part), part) != 1:
                         _failed(bindings, "EVP_EncryptUpdate failed")
             return out.raw if output is None else None
@@ -245,10 +241,25 @@ def make_aes_ctr(bindings):
 EVP_PKEY_X25519 = 1034          # NID_X25519
 
 
+P25519 = (1 << 255) - 19
+# The u of the points of order 1, 2, 4 and 8 (mod p): X25519 of any clamped scalar with
+# them is 0, which OpenSSL refuses to derive.
+LOW_ORDER_U = frozenset([0, 1, P25519 - 1,
+                         325606250916557431795983626356110631294008115727848805560023387167927233504,
+                         39382357235489614581723060781553021112529911719440698176882885853963445705823])
+
+
+def is_low_order(u32):
+    """True if ``u32`` (bit 255 ignored, read mod p, as RFC 7748 reads it) is a low-order u."""
+    return (int.from_bytes(bytes(u32), "little") & ((1 << 255) - 1)) % P25519 in LOW_ORDER_U
+
+
 def make_x25519(bindings):
     """x25519(scalar32, u32) -> 32 bytes through EVP_PKEY_derive, or None. OpenSSL
     clamps the scalar and ignores bit 255 of u (RFC 7748); it refuses an all-zero
-    result (a low-order u), for which we return 32 zero bytes, the ladder's answer."""
+    result (a low-order u), for which we return 32 zero bytes, the ladder's answer.
+    Any other failure raises: zeros there would pass for a result (a bridge's public
+    key of 0)."""
     b = bindings
     names = (b.EVP_PKEY_new_raw_private_key, b.EVP_PKEY_new_raw_public_key, b.EVP_PKEY_free,
              b.EVP_PKEY_CTX_new, b.EVP_PKEY_CTX_free, b.EVP_PKEY_derive_init,
@@ -274,7 +285,9 @@ def make_x25519(bindings):
             clear()
             if not (ours and peer and ctx):
                 raise MemoryError("libcrypto could not make an X25519 key")
-            return bytes(32)        # refused: a low-order u, whose product is 0
+            if is_low_order(u32):
+                return bytes(32)    # refused: a low-order u, whose product is 0
+            raise ValueError("libcrypto's X25519 derive failed")
         finally:
             for free, pointer in ((ctx_free, ctx), (pkey_free, peer), (pkey_free, ours)):
                 if pointer:

@@ -198,7 +198,10 @@ def xor(data, stream):
 
 
 def salsa20_xor(key32, nonce8, data):
-    """Salsa20/20(key32, nonce8) from block 0, XORed with ``data``."""
+    """Salsa20/20(key32, nonce8) from block 0, XORed with ``data`` (read as its bytes,
+    whatever the format of a memoryview)."""
+    if type(data) is not bytes:
+        data = memoryview(data).cast("B") if memoryview(data).c_contiguous else bytes(memoryview(data))
     return xor(data, keystreams(key32, [(nonce8, len(data))])[0])
 
 

@@ -613,18 +613,23 @@ def test_generate_keypair_uses_the_csprng_by_default():
 
 NACL_ROUTES = {"secretbox": "PyNaCl crypto_secretbox", "X25519": "PyNaCl crypto_scalarmult",
                "edwards25519": "PyNaCl crypto_scalarmult_ed25519_base"}
-PORTABLE_ROUTES = {"secretbox": tuple("Salsa20 (%s) + Poly1305 (%s)" % (salsa, poly)
-                                       for salsa in ("pycryptodome Salsa20", "pure Python")
-                                       for poly in ("libcrypto EVP_Q_mac", "pycryptodome Poly1305_MAC",
-                                                    "pure Python")),
-                   "X25519": ("libcrypto EVP_PKEY_derive", "pycryptodome Crypto.Protocol.DH", "pure Python"),
-                   "edwards25519": ("pycryptodome EccPoint", "pure Python"),
-                   "Poly1305": ("libcrypto EVP_Q_mac", "pycryptodome Poly1305_MAC", "pure Python"),
-                   "HSalsa20": ("pycryptodome Salsa20 seek", "pure Python"),
+SALSA20_ROUTES = ("libsodium crypto_stream_salsa20_xor_ic", "nettle salsa20_crypt",
+                  "libgcrypt gcry_cipher Salsa20", "pycryptodome Salsa20", "pure Python")
+POLY1305_ROUTES = ("libsodium crypto_onetimeauth_poly1305", "libcrypto EVP_Q_mac",
+                   "pycryptodome Poly1305_MAC", "pure Python")
+PORTABLE_ROUTES = {"secretbox": ("libsodium crypto_secretbox_easy",) + tuple(
+                       "Salsa20 (%s) + Poly1305 (%s)" % (salsa, poly)
+                       for salsa in SALSA20_ROUTES for poly in POLY1305_ROUTES),
+                   "X25519": ("libsodium crypto_scalarmult", "libcrypto EVP_PKEY_derive",
+                              "pycryptodome Crypto.Protocol.DH", "pure Python"),
+                   "edwards25519": ("libsodium crypto_scalarmult_ed25519_base", "pycryptodome EccPoint",
+                                    "pure Python"),
+                   "Poly1305": POLY1305_ROUTES,
+                   "HSalsa20": ("libsodium crypto_core_hsalsa20", "pycryptodome Salsa20 seek", "pure Python"),
                    "Elligator2": ("libcrypto BN_mod_exp_mont_consttime",
                                   "pycryptodome Integer (%s)" % getattr(chooser.Integer, "__name__", "-"),
                                   "pure Python"),
-                   "Salsa20": ("pycryptodome Salsa20", "pure Python"),
+                   "Salsa20": SALSA20_ROUTES,
                    "hash DRBG": ("libcrypto EVP_MAC SipHash", "pure Python")}
 
 
@@ -673,25 +678,29 @@ def test_the_fast_routes_run_wherever_their_library_is():
         assert {piece: c.routes()[piece] for piece in NACL_ROUTES} == NACL_ROUTES
         assert c.pure_python_routes() == []
         return
-    if chooser.lib_poly1305 is not None:
-        assert c.POLY1305_ROUTE == "libcrypto EVP_Q_mac"
-    elif c._Poly1305_MAC is not None:
-        assert c.POLY1305_ROUTE == "pycryptodome Poly1305_MAC"
-    if chooser.lib_x25519 is not None:
-        assert curve.X25519_ROUTE == "libcrypto EVP_PKEY_derive"
-    elif chooser.DH is not None:
-        assert curve.X25519_ROUTE == "pycryptodome Crypto.Protocol.DH"
-    if curve._dirty_u_pycryptodome is not curve._dirty_u_unavailable:
-        assert curve.EDWARDS_ROUTE == "pycryptodome EccPoint"
-    if chooser.LibSipHashStream is not None:
-        assert obfs4_drbg.DRBG_ROUTE == "libcrypto EVP_MAC SipHash"
-    if chooser.Salsa20 is not None:
-        assert c.SALSA20_ROUTE == "pycryptodome Salsa20"
-    if chooser.PYCRYPTODOME == "Crypto":     # pip's (Debian 12's 3.11 fails the seek answer)
-        assert c.HSALSA20_ROUTE == "pycryptodome Salsa20 seek"
-    if chooser.lib_modexp is not None:
-        assert curve.ELLIGATOR2_ROUTE == "libcrypto BN_mod_exp_mont_consttime"
-    elif chooser.Integer is not None:
+    first = {"secretbox": [(chooser.sodium_secretbox, "libsodium crypto_secretbox_easy")],
+             "Poly1305": [(chooser.sodium_poly1305, POLY1305_ROUTES[0]),
+                          (chooser.lib_poly1305, POLY1305_ROUTES[1]), (c._Poly1305_MAC, POLY1305_ROUTES[2])],
+             "X25519": [(chooser.sodium_x25519, "libsodium crypto_scalarmult"),
+                        (chooser.lib_x25519, "libcrypto EVP_PKEY_derive"),
+                        (chooser.DH, "pycryptodome Crypto.Protocol.DH")],
+             "edwards25519": [(chooser.sodium_ed25519, "libsodium crypto_scalarmult_ed25519_base"),
+                              (curve._dirty_u_pycryptodome is not curve._dirty_u_unavailable or None,
+                               "pycryptodome EccPoint")],
+             "hash DRBG": [(chooser.LibSipHashStream, "libcrypto EVP_MAC SipHash")],
+             "Salsa20": [(chooser.sodium_salsa20_xor, SALSA20_ROUTES[0]),
+                         (chooser.nettle_salsa20_xor, SALSA20_ROUTES[1]),
+                         (chooser.gcrypt_salsa20_xor, SALSA20_ROUTES[2]),
+                         (chooser.Salsa20, SALSA20_ROUTES[3])],
+             # pip's pycryptodome (Debian 12's 3.11 lacks the seek this uses)
+             "HSalsa20": [(chooser.sodium_hsalsa20, "libsodium crypto_core_hsalsa20"),
+                          (chooser.PYCRYPTODOME == "Crypto" or None, "pycryptodome Salsa20 seek")],
+             "Elligator2": [(chooser.lib_modexp, "libcrypto BN_mod_exp_mont_consttime")]}
+    for piece, candidates in first.items():
+        present = [name for value, name in candidates if value is not None]
+        if present:
+            assert c.routes()[piece] == present[0], piece
+    if chooser.lib_modexp is None and chooser.Integer is not None:
         assert curve.ELLIGATOR2_ROUTE.startswith("pycryptodome Integer")
 
 
@@ -739,7 +748,7 @@ def test_a_wrong_pynacl_x25519_or_edwards_route_is_not_chosen(monkeypatch, fake_
     monkeypatch.setattr(curve, "_x25519_nacl", lambda scalar, u: bytes(32))
     function, name, passed_over = curve._x25519_route()
     assert function is not curve._x25519_nacl and passed_over == ["PyNaCl crypto_scalarmult"]
-    assert name in ("libcrypto EVP_PKEY_derive", "pycryptodome Crypto.Protocol.DH", "pure Python")
+    assert name in PORTABLE_ROUTES["X25519"]
 
     def ignores_bit_255(scalar, u):                  # right on the RFC vector, wrong on u | 2^255
         return curve._x25519_pure(scalar, u) if u[31] < 0x80 else bytes(32)
@@ -778,8 +787,13 @@ def test_a_wrong_pynacl_secretbox_is_not_chosen(monkeypatch, fake_nacl, broken):
     monkeypatch.setattr(c, "_NaClSecretBox", broken)
     assert not c._secretbox_proven(broken)
     route, name, passed_over = c._secretbox_route()
-    assert route is c._PortableSecretBox and name.startswith("Salsa20 (")
     assert passed_over == ["PyNaCl crypto_secretbox"]
+    if chooser.sodium_secretbox is not None:
+        assert route is c._SodiumSecretBox and name == "libsodium crypto_secretbox_easy"
+        monkeypatch.setattr(c, "_SodiumSecretBox", broken)
+        route, name, passed_over = c._secretbox_route()
+        assert passed_over == ["PyNaCl crypto_secretbox", "libsodium crypto_secretbox_easy"]
+    assert route is c._PortableSecretBox and name.startswith("Salsa20 (")
 
 
 def test_pynacl_seals_alike_with_and_without_the_easy_api():
@@ -813,7 +827,23 @@ def test_pure_python_routes_lists_the_fallbacks_in_use(monkeypatch):
     assert c.pure_python_routes() == ["Poly1305", "HSalsa20", "edwards25519", "Elligator2"]
 
 
+@pytest.mark.parametrize("library", ["sodium_salsa20_xor", "nettle_salsa20_xor", "gcrypt_salsa20_xor"])
+def test_a_wrong_system_salsa20_is_passed_over(monkeypatch, library):
+    """Each system library's Salsa20, given a wrong answer (the nonce ignored), is
+    passed over for the next route, and named as passed over."""
+    names = dict(zip(["sodium_salsa20_xor", "nettle_salsa20_xor", "gcrypt_salsa20_xor"], SALSA20_ROUTES))
+    for other in names:
+        monkeypatch.setattr(chooser, other, None)
+    monkeypatch.setattr(chooser, library,
+                        lambda key, nonce, data: pure_salsa20.salsa20_xor(key, bytes(8), data))
+    function, name, passed_over = c._salsa20_route()
+    assert passed_over == [names[library]] and name != names[library]
+    assert name in SALSA20_ROUTES
+
+
 def test_a_wrong_salsa20_is_passed_over_for_the_pure_one(monkeypatch):
+    for library in ("sodium_salsa20_xor", "nettle_salsa20_xor", "gcrypt_salsa20_xor"):
+        monkeypatch.setattr(chooser, library, None)
     monkeypatch.setattr(c, "Salsa20", c.Salsa20 or object())
     assert c._salsa20_route()[1] in ("pycryptodome Salsa20", "pure Python")
     for broken in (lambda key, nonce, data: bytes(len(data)),
@@ -823,7 +853,7 @@ def test_a_wrong_salsa20_is_passed_over_for_the_pure_one(monkeypatch):
 
 
 def run_python(code, **env):
-    environ = {k: v for k, v in os.environ.items() if k != chooser.CRYPTO_ENV}
+    environ = {k: v for k, v in os.environ.items() if k not in (chooser.CRYPTO_ENV, chooser.SKIP_ENV)}
     environ.update(env)
     return subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), env=environ,
                           capture_output=True, text=True, timeout=60)
@@ -844,7 +874,8 @@ def test_importing_with_a_broken_salsa20_passes_it_over_and_says_so():
     """The module is imported after pycryptodome's Salsa20 is broken: the pure route
     runs, and the report says why (HSalsa20's seek route is broken with it)."""
     need(chooser.Salsa20 is not None, "pycryptodome's Salsa20")
-    result = run_python(BREAK_SALSA20 + "import obfs4_crypto\nprint(obfs4_crypto.route_report())\n")
+    result = run_python(BREAK_SALSA20 + "import obfs4_crypto\nprint(obfs4_crypto.route_report())\n",
+                        OBFSPROXY_CRYPTO_SKIP="libsodium,nettle,libgcrypt")
     assert result.returncode == 0, result.stderr
     assert "Salsa20: pure Python (pycryptodome Salsa20 failed its known answer)" in result.stdout
     assert "HSalsa20: pure Python (pycryptodome Salsa20 seek failed its known answer)" in result.stdout
