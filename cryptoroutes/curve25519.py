@@ -93,7 +93,7 @@ def _inv_euclid(x):
     """1 / x mod p by pow(x, -1, p) (extended Euclid, Python 3.8 and newer; ~6x faster
     than x^(p-2)), and 0 for x = 0 as x^(p-2) gives."""
     x %= P
-    return pow(x, -1, P) if x else 0
+    return pow(x, -1, P) if x else 0  # novermin (used only where pow() takes -1: _pow_takes_inverse)
 
 
 def _inv_fermat(x):
@@ -104,7 +104,7 @@ def _inv_fermat(x):
 
 def _pow_takes_inverse():
     try:
-        return pow(3, -1, 7) == 5
+        return pow(3, -1, 7) == 5  # novermin (the probe: 3.7 and older raise)
     except (TypeError, ValueError):     # 3.7 and older: "cannot be negative when 3rd argument specified"
         return False
 
