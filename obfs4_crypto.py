@@ -214,6 +214,8 @@ def _poly1305_pure(key32, data):
     for each 16-byte block b (the last may be shorter):
         acc = (acc + LE(b) + 2^(8·len(b))) · r  mod 2^130 - 5
     tag = (acc + s) mod 2^128, 16 bytes little-endian."""
+    if len(key32) != 32:
+        raise ValueError("Poly1305 takes a 32-byte key, not %d" % len(key32))
     r = int.from_bytes(key32[:16], "little") & R_CLAMP
     s = int.from_bytes(key32[16:32], "little")
     data = data if type(data) is bytes else _byte_view(data)
@@ -229,12 +231,12 @@ def _poly1305_pure(key32, data):
 
 def _poly1305_pycryptodome(key32, data):
     """pycryptodome's private raw-key class (it clamps r itself)."""
-    return _Poly1305_MAC(key32[:16], key32[16:32], data).digest()
+    return _Poly1305_MAC(key32[:16], key32[16:32], data if type(data) is bytes else _byte_view(data)).digest()
 
 
 def _salsa20_xor_pycryptodome(key32, nonce8, data):
     """Salsa20/20(key, nonce) from block 0, XORed with ``data``: pycryptodome's public API."""
-    return Salsa20.new(key=key32, nonce=nonce8).encrypt(data)
+    return Salsa20.new(key=key32, nonce=nonce8).encrypt(data if type(data) is bytes else _byte_view(data))
 
 
 # RFC 8439 section 2.5.2, and the empty message (whose tag is s itself).

@@ -13,7 +13,10 @@ import obfs4_crypto as c
 from cryptoroutes import chooser, pure_salsa20
 from cryptoroutes import curve25519 as curve
 
-ROUTES = ["chosen route", "PyNaCl", "pycryptodome", "libcrypto", "pure Python"]
+ROUTES = ["chosen route", "PyNaCl", "pycryptodome", "libcrypto", "libsodium", "nettle", "libgcrypt",
+          "pure Python"]
+SYSTEM_SALSA20 = {"libsodium": "sodium_salsa20_xor", "nettle": "nettle_salsa20_xor",
+                  "libgcrypt": "gcrypt_salsa20_xor"}
 
 
 def need(present, what):
@@ -24,8 +27,11 @@ def need(present, what):
         pytest.skip("PyNaCl is ignored here (%s=%s)" % (chooser.CRYPTO_ENV, chooser.MODE))
     if chooser.MODE == "stdlib" and what.startswith("pycryptodome"):
         pytest.skip("pycryptodome is ignored here (%s=stdlib)" % chooser.CRYPTO_ENV)
+    family = what.split("'")[0].split()[0]
+    if chooser.LEFT_OUT.get(family):
+        pytest.skip("%s is left out here (%s)" % (family, chooser.LEFT_OUT[family]))
     if IN_CI:
-        pytest.fail("%s is missing, but CI installs it (requirements-dev.txt)" % what)
+        pytest.fail("%s is missing, but CI installs it (requirements-dev.txt, .ci/run)" % what)
     pytest.skip("%s is not installed" % what)
 
 
@@ -33,8 +39,11 @@ def use_route(monkeypatch, name):
     """Patch one family of routes in (until the test ends): "PyNaCl" (secretbox,
     X25519, edwards25519), "pycryptodome" (those three and Poly1305, HSalsa20,
     Salsa20, Elligator2's field power), "libcrypto" (Poly1305, X25519 and the field
-    power through ctypes, the rest pure Python: what OBFSPROXY_CRYPTO=stdlib runs), "pure Python"
-    (the pure functions), "chosen route" (nothing).
+    power through ctypes, the rest pure Python), "libsodium" (the system's libsodium
+    through ctypes: secretbox, X25519, edwards25519, Poly1305, HSalsa20, Salsa20),
+    "nettle" and "libgcrypt" (that library's Salsa20 in the portable secretbox, libcrypto
+    for the rest: OBFSPROXY_CRYPTO=stdlib with libsodium left out), "pure Python" (the
+    pure functions), "chosen route" (nothing).
     Code that imported a patched name itself (obfs4's ``x25519``) must be patched by
     its test too."""
     if name == "PyNaCl":
@@ -64,6 +73,23 @@ def use_route(monkeypatch, name):
                  (c, "hsalsa20", c._hsalsa20_pure), (curve, "x25519", chooser.lib_x25519),
                  (curve, "_dirty_u", curve._dirty_u_pure), (curve, "_field_pow", curve._field_pow_libcrypto),
                  (c, "_salsa20_xor", pure_salsa20.salsa20_xor)]
+    elif name == "libsodium":
+        need(chooser.sodium_secretbox is not None and curve._dirty_u_sodium is not None, "libsodium")
+        patch = [(c, "_SecretBoxRoute", c._SodiumSecretBox), (c, "poly1305", chooser.sodium_poly1305),
+                 (c, "hsalsa20", chooser.sodium_hsalsa20), (curve, "x25519", chooser.sodium_x25519),
+                 (curve, "_dirty_u", curve._dirty_u_sodium), (c, "_salsa20_xor", chooser.sodium_salsa20_xor)]
+    elif name in ("nettle", "libgcrypt"):
+        # What OBFSPROXY_CRYPTO=stdlib runs with libsodium left out: this library's Salsa20
+        # in the portable secretbox, libcrypto (where it is) for the rest.
+        salsa20 = getattr(chooser, SYSTEM_SALSA20[name])
+        need(salsa20 is not None, name)
+        patch = [(c, "_SecretBoxRoute", c._PortableSecretBox), (c, "hsalsa20", c._hsalsa20_pure),
+                 (c, "poly1305", chooser.lib_poly1305 or c._poly1305_pure),
+                 (curve, "x25519", chooser.lib_x25519 or curve._x25519_pure),
+                 (curve, "_dirty_u", curve._dirty_u_pure),
+                 (curve, "_field_pow",
+                  curve._field_pow_libcrypto if chooser.lib_modexp else curve._field_pow_pure),
+                 (c, "_salsa20_xor", salsa20)]
     else:
         assert name == "chosen route"
         patch = []

@@ -47,6 +47,26 @@ def cases(section):
     return section["cases"]
 
 
+# --- buffers whose items are not bytes -------------------------------------------------
+
+def words(data):
+    """``data`` as a memoryview of 4-byte items (len() counts words, not bytes)."""
+    return memoryview(bytearray(data)).cast("I")
+
+
+def test_every_route_reads_a_view_of_words_as_its_bytes(route):
+    """A memoryview whose items are 4-byte words is sealed, opened, MACed and encrypted as
+    its bytes on every route (never as its first len() bytes), or refused."""
+    key, prefix, packet = bytes(range(32)), bytes(range(16)), bytes(range(200)) * 2    # box: 416 bytes
+    box = c.SecretBox(key, prefix).seal(7, packet)
+    assert c.SecretBox(key, prefix).seal(7, words(packet)) == box
+    assert bytes(c.SecretBox(key, prefix).open_view(7, words(box))) == packet
+    assert c.SecretBox(key, prefix).seal_packets(7, [words(packet)]) == [box]
+    assert c.poly1305(key, words(packet)) == c.poly1305(key, packet)
+    salsa20 = c._salsa20_xor
+    assert bytes(salsa20(key, prefix[:8], words(packet))) == bytes(salsa20(key, prefix[:8], packet))
+
+
 # --- HKDF, HSalsa20, XSalsa20 ---------------------------------------------------------
 
 def test_hkdf_sha256_rfc5869_case_1():
