@@ -651,7 +651,6 @@ def route_report():
     parts = []
     for piece, route in routes().items():
         failed = _PASSED_OVER.get(piece)
-        parts.append("%s: %s%s" % (piece, route, " (%s failed its known answer)" % ", ".join(failed)
-                                   if failed else ""))
+        parts.append("%s: %s%s" % (piece, route, " (%s)" % chooser.failed_text(failed) if failed else ""))
     parts += ["%s not used: %s" % item for item in chooser.unavailable().items()]
     return "; ".join(parts)

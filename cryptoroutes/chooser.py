@@ -47,6 +47,8 @@ documented APIs.
 
 import importlib
 import os
+import re
+import sys
 
 CRYPTO_ENV = "OBFSPROXY_CRYPTO"
 SKIP_ENV = "OBFSPROXY_CRYPTO_SKIP"
@@ -106,6 +108,20 @@ def use_nacl(environ):
     return families(environ)["PyNaCl"] is None
 
 
+def site_packages_off():
+    """True when this Python looks in no site-packages (``python3 -S``, as the README runs
+    the .pyz): an installed package is then not found, and not missing."""
+    return bool(sys.flags.no_site)
+
+
+def _not_found(detail=None):
+    """Why an import found no package: "is not installed", or, with site-packages off,
+    that it was not looked for (it may well be installed)."""
+    if site_packages_off():
+        return "is not looked for: site-packages are off (python3 -S)"
+    return "is not installed" + (" (%s)" % detail if detail else "")
+
+
 def import_nacl(use_nacl, mode="portable"):
     """(nacl.bindings, nacl.exceptions.CryptoError, None) or (None, (), why not).
 
@@ -117,7 +133,7 @@ def import_nacl(use_nacl, mode="portable"):
         from nacl import bindings
         from nacl.exceptions import CryptoError
     except ImportError:
-        return None, (), "PyNaCl is not installed"
+        return None, (), "PyNaCl %s" % _not_found()
     except Exception as exc:  # a broken PyNaCl is a missing one: the routes below fall back
         return None, (), "PyNaCl failed to import (%s: %s)" % (type(exc).__name__, exc)
     return bindings, CryptoError, None
@@ -136,7 +152,7 @@ def import_pycryptodome(use, mode="stdlib", namespaces=("Crypto", "Cryptodome"))
         except Exception as exc:  # a broken build is a missing one: the routes below fall back
             return None, "pycryptodome failed to import (%s: %s)" % (type(exc).__name__, exc)
         return name, None
-    return None, "pycryptodome is not installed (neither Crypto nor Cryptodome)"
+    return None, "pycryptodome %s" % _not_found("neither Crypto nor Cryptodome")
 
 
 def pycryptodome(module, attribute=None):
@@ -236,8 +252,59 @@ def passed_over_text(pieces=None, families=None):
              if families is None or family in families]
     for piece, failed in PASSED_OVER.items():
         if failed and (pieces is None or piece in pieces):
-            parts.append("%s: %s failed its known answer" % (piece, ", ".join(failed)))
+            parts.append("%s: %s" % (piece, failed_text(failed)))
     return "; ".join(parts)
+
+
+def failed_text(failed):
+    """Why the routes ``failed`` were passed over, e.g. "pycryptodome Salsa20 seek not
+    used: this pycryptodome (3.11.0) lacks seek" (an older library, not a broken one),
+    or "libcrypto EVP failed its known answer"."""
+    wrong = [name for name in failed if name not in LACKS]
+    parts = ["%s not used: this %s lacks %s" % (name, _library_version(name), LACKS[name])
+             for name in failed if name in LACKS]
+    if wrong:
+        parts.append("%s failed its known answer" % ", ".join(wrong))
+    return "; ".join(parts)
+
+
+def _library_version(route):
+    """The library of a route name, with its version where known ("pycryptodome (3.11.0)")."""
+    family = route.split()[0]
+    if family == "pycryptodome" and PYCRYPTODOME:
+        try:
+            return "pycryptodome (%s)" % importlib.import_module(PYCRYPTODOME).__version__
+        except Exception:  # a version is a detail of the text: never let it stop the program
+            return family
+    return family
+
+
+def plain_python_notice(pieces):
+    """(warn, text) for the one start-up line that says ``pieces`` run in plain Python
+    (slower, and not constant-time), with advice that fits how we were started: a
+    WARNING only where the user can act by installing a package (a checkout, with
+    site-packages on); a NOTICE where the setting left the libraries out, where -S hid
+    site-packages, or in the .pyz (the route for a machine where nothing can be installed)."""
+    head = "%s run in plain Python here (slower, and not constant-time)" % ", ".join(pieces)
+    left_out = [family for family in ("PyNaCl", "pycryptodome", "libsodium")
+                if LEFT_OUT.get(family) and LEFT_OUT[family] != "no setting"]
+    if left_out:
+        return False, "%s: the crypto setting leaves out %s (%s)" % (
+            head, ", ".join(left_out), "; ".join(sorted({LEFT_OUT[family] for family in left_out})))
+    system = "the system's libsodium (e.g. apt-get install libsodium23) runs them in C with no Python package"
+    if site_packages_off():
+        return False, ("%s: site-packages are off (python3 -S), so an installed PyNaCl or pycryptodome is "
+                       "not looked for; run without -S where one is installed, or %s" % (head, system))
+    if in_zipapp():
+        return False, "%s: where you may install software, %s" % (head, system)
+    return True, ("%s: install PyNaCl or a recent pycryptodome (pip, or python3-nacl / "
+                  "python3-pycryptodome), or %s" % (head, system))
+
+
+def in_zipapp():
+    """True when this module runs from a zip archive (obfsproxy.pyz)."""
+    loader = globals().get("__loader__")
+    return type(loader).__name__ == "zipimporter"
 
 
 def byte_view(data):
@@ -254,11 +321,22 @@ def byte_view(data):
 def gives(function, answers):
     """True if ``function(*args) == expected`` for every (args, expected) in ``answers``.
     Any exception is a failure: what it calls may be missing (None, or an attribute
-    gone), take another signature (TypeError) or reject the input (ValueError)."""
+    gone), take another signature (TypeError) or reject the input (ValueError). A
+    missing attribute is remembered (``LACKS``), so that the report can say the library
+    lacks a call rather than that it answered wrongly."""
     try:
         return all(function(*args) == expected for args, expected in answers)
+    except AttributeError as exc:
+        found = re.search(r"attribute '(\w+)'", str(exc))
+        _LACKING[function] = found.group(1) if found else str(exc)
+        return False
     except Exception:  # a broken fast route must never stop the program: the next one runs
         return False
+
+
+_LACKING = {}       # candidate function -> the call its library lacks (found by gives)
+# route name -> the call its library lacks, for the routes passed over for that reason
+LACKS = {}
 
 
 def choose(candidates, proven):
@@ -276,6 +354,8 @@ def choose(candidates, proven):
         if proven(value):
             return value, name, passed_over
         passed_over.append(name)
+        if value in _LACKING:
+            LACKS[name] = _LACKING[value]
     value, name = candidates[-1]
     return value, name, passed_over
 

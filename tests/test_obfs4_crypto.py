@@ -956,7 +956,7 @@ def test_obfsproxy_crypto_values(value, use):
 def test_pynacl_missing_or_broken_is_a_missing_route(monkeypatch):
     assert chooser.import_nacl(False) == (None, (), "OBFSPROXY_CRYPTO=portable")
     monkeypatch.setitem(sys.modules, "nacl", None)              # "import nacl" -> ImportError
-    assert chooser.import_nacl(True) == (None, (), "PyNaCl is not installed")
+    assert chooser.import_nacl(True) == (None, (), "PyNaCl is not installed")    # (site-packages on)
     broken = types.ModuleType("nacl")
     broken.__path__ = []
 

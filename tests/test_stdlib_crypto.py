@@ -577,3 +577,66 @@ def test_libsodium_routes_give_the_known_answers():
     for forged in (box[:15], bytes([box[0] ^ 1]) + box[1:]):
         with pytest.raises(ValueError, match="bad tag"):
             open_box(forged, nonce, key)
+
+
+# --- the words: what the report and the start-up line say --------------------------------
+
+def test_a_library_lacking_a_call_is_said_to_lack_it(monkeypatch):
+    """An older library without a call (Debian 12's pycryptodome 3.11 has no Salsa20
+    seek) is passed over as lacking it, not as answering wrongly."""
+    class NoSeek:
+        def encrypt(self, data):
+            return data
+    lacking = lambda key, data: NoSeek().seek(0)         # noqa: E731 (AttributeError: 'seek')
+    wrong = lambda key, data: bytes(16)                  # noqa: E731
+    monkeypatch.setattr(chooser, "LACKS", {})
+    answers = chooser.answers(c._POLY1305_ANSWERS)
+    value, name, passed_over = chooser.choose([(lacking, "old one"), (wrong, "wrong one"),
+                                               (c._poly1305_pure, "pure Python")], answers)
+    assert passed_over == ["old one", "wrong one"] and chooser.LACKS == {"old one": "seek"}
+    assert chooser.failed_text(passed_over) == "old one not used: this old lacks seek; " \
+                                               "wrong one failed its known answer"
+
+
+@pytest.mark.parametrize("situation, warn, words", [
+    ("left out", False, "the crypto setting leaves out PyNaCl"),
+    ("-S", False, "site-packages are off (python3 -S), so an installed PyNaCl or pycryptodome is not "
+                  "looked for"),
+    ("pyz", False, "where you may install software, the system's libsodium"),
+    ("checkout", True, "install PyNaCl or a recent pycryptodome")])
+def test_plain_python_is_a_warning_only_where_installing_helps(monkeypatch, situation, warn, words):
+    monkeypatch.setattr(chooser, "LEFT_OUT", dict.fromkeys(chooser.FAMILIES))
+    monkeypatch.setattr(chooser, "site_packages_off", lambda: situation == "-S")
+    monkeypatch.setattr(chooser, "in_zipapp", lambda: situation == "pyz")
+    if situation == "left out":
+        monkeypatch.setitem(chooser.LEFT_OUT, "PyNaCl", "OBFSPROXY_CRYPTO=portable")
+    got_warn, text = chooser.plain_python_notice(["Salsa20", "X25519"])
+    assert got_warn is warn
+    assert text.startswith("Salsa20, X25519 run in plain Python here (slower, and not constant-time): ")
+    assert words in text
+    assert "libsodium" in text or situation == "left out"
+
+
+def test_site_packages_off_is_not_said_to_be_not_installed(tmp_path):
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from cryptoroutes import chooser\n"
+            "print(chooser.unavailable()['PyNaCl'])\n" % str(ROOT))
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
+                            timeout=60, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "PyNaCl is not looked for: site-packages are off (python3 -S)"
+
+
+def test_the_start_up_line_is_a_notice_where_the_user_cannot_improve_it(monkeypatch, caplog):
+    import logging
+
+    import proxy
+    import transports
+    monkeypatch.setattr(transports, "crypto_routes", lambda names: ({"Salsa20": "pure Python"}, ["Salsa20"]))
+    for warn, level in ((False, proxy.NOTICE), (True, logging.WARNING)):
+        monkeypatch.setattr(chooser, "plain_python_notice", lambda pieces, warn=warn: (warn, "the words"))
+        caplog.clear()
+        with caplog.at_level(1):
+            proxy.log_routes(["obfs4"])
+        assert [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage() == "the words"] == \
+            [(level, "the words")]
