@@ -999,3 +999,42 @@ def test_the_embedded_self_test_answers_are_the_vectors():
     dirty = cases(ELLIGATOR["dirty_keypairs"])
     assert [v["torsion_index_priv0_and_7"] for v in dirty] == list(range(8))
     assert curve._EDWARDS_ANSWERS == [((h(v["priv32_sha512_first_half"]),), h(v["dirty_u"])) for v in dirty]
+
+
+ROUTE_REPORT = "import json, obfs4_crypto as c; print(json.dumps(c.routes()))"
+
+
+@pytest.mark.parametrize("skip, salsa20", [("", "libsodium"), ("libsodium", "nettle"),
+                                           ("libsodium,nettle", "libgcrypt")])
+def test_the_route_report_names_the_system_library_in_use(skip, salsa20):
+    """With no package (OBFSPROXY_CRYPTO=stdlib): libsodium for obfs4's box and keys where
+    it is; with it left out, nettle for Salsa20, then libgcrypt; each as this machine has it."""
+    left_out = [family for family in ("libsodium", "nettle", "libgcrypt") if family in skip.split(",")]
+    found = {"libsodium": chooser.sodium_secretbox, "nettle": chooser.nettle_salsa20_xor,
+             "libgcrypt": chooser.gcrypt_salsa20_xor}
+    need(found[salsa20] is not None or chooser.LEFT_OUT[salsa20], salsa20)
+    result = run_python(ROUTE_REPORT, OBFSPROXY_CRYPTO="stdlib", OBFSPROXY_CRYPTO_SKIP=skip)
+    assert result.returncode == 0, result.stderr
+    routes = json.loads(result.stdout)
+    assert routes["Salsa20"].split()[0] == salsa20 and salsa20 not in left_out
+    if salsa20 == "libsodium":
+        assert routes["secretbox"] == "libsodium crypto_secretbox_easy"
+        assert routes["X25519"] == "libsodium crypto_scalarmult"
+        assert routes["edwards25519"] == "libsodium crypto_scalarmult_ed25519_base"
+    else:
+        assert routes["secretbox"].startswith("Salsa20 (%s" % salsa20)
+        assert not any("libsodium" in route for route in routes.values())
+
+
+def test_plain_python_only_when_every_library_is_left_out():
+    for environ in ({"OBFSPROXY_CRYPTO": "python"},
+                    {"OBFSPROXY_CRYPTO": "stdlib",
+                     "OBFSPROXY_CRYPTO_SKIP": "libcrypto, LIBSODIUM,nettle,libgcrypt"}):
+        result = run_python(ROUTE_REPORT, **environ)
+        assert result.returncode == 0, result.stderr
+        routes = json.loads(result.stdout)
+        assert routes["secretbox"] == "Salsa20 (pure Python) + Poly1305 (pure Python)"
+        assert set(routes.values()) - {routes["secretbox"]} == {"pure Python"}, routes
+    result = run_python(ROUTE_REPORT, OBFSPROXY_CRYPTO_SKIP="libsodum")
+    assert result.returncode != 0
+    assert "OBFSPROXY_CRYPTO_SKIP='libsodum' names no crypto library (libsodum)" in result.stderr
