@@ -20,7 +20,8 @@ is not used at all, for the route report.
 
 =============  =======================================================================
 (unset), auto  every family that loads
-portable       leave out PyNaCl, as if it were not installed (the pycryptodome routes)
+portable       pycryptodome and libcrypto only: leave out PyNaCl, as if it were not
+               installed, and the other system libraries (the pycryptodome routes)
 stdlib         leave out PyNaCl and pycryptodome: no Python package, only what Python
                reaches alone (the system's libraries through ctypes, then plain
                Python), as on a machine where nothing can be installed
@@ -56,7 +57,8 @@ PACKAGES = ("PyNaCl", "pycryptodome")
 SYSTEM_LIBRARIES = ("libcrypto", "libsodium", "nettle", "libgcrypt")
 FAMILIES = PACKAGES + SYSTEM_LIBRARIES
 # value -> the families it lets in
-MODES = {"auto": FAMILIES, "portable": FAMILIES[1:], "stdlib": SYSTEM_LIBRARIES, "python": ()}
+MODES = {"auto": FAMILIES, "portable": ("pycryptodome", "libcrypto"), "stdlib": SYSTEM_LIBRARIES,
+         "python": ()}
 
 
 class KnownAnswerError(RuntimeError):
@@ -76,8 +78,9 @@ def crypto_mode(environ):
     if value not in MODES:
         raise CryptoSettingError(
             "%s=%r is not a crypto route setting: use 'auto' (the default: the fastest route that "
-            "gives the known answers), 'portable' (leave out PyNaCl), 'stdlib' (no package: the "
-            "system's libraries through ctypes, then plain Python) or 'python' (plain Python only)"
+            "gives the known answers), 'portable' (pycryptodome and libcrypto only), 'stdlib' (no "
+            "package: the system's libraries through ctypes, then plain Python) or 'python' (plain "
+            "Python only)"
             % (CRYPTO_ENV, environ[CRYPTO_ENV]))
     return value
 

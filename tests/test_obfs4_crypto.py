@@ -937,8 +937,10 @@ def test_obfsproxy_crypto_portable_picks_no_pynacl_route():
                         OBFSPROXY_CRYPTO="portable")
     assert result.returncode == 0, result.stderr
     routes, report = json.loads(result.stdout)
-    assert not any("PyNaCl" in route for route in routes.values())
-    assert report.endswith("PyNaCl not used: OBFSPROXY_CRYPTO=portable")
+    assert not any(family in route for route in routes.values() for family in ("PyNaCl", "libsodium"))
+    assert report.endswith("PyNaCl not used: OBFSPROXY_CRYPTO=portable; libsodium not used: "
+                           "OBFSPROXY_CRYPTO=portable; nettle not used: OBFSPROXY_CRYPTO=portable; "
+                           "libgcrypt not used: OBFSPROXY_CRYPTO=portable")
 
 
 def test_a_misspelt_obfsproxy_crypto_stops_the_import():
