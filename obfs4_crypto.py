@@ -90,9 +90,12 @@ figures move by 20-50% with the machine's load): seal or open of 1430 bytes is ~
 through PyNaCl (one C call for the whole box; libsodium recomputes HSalsa20 from the
 24-byte nonce each time, which costs less than any way round it from Python), against
 ~11-14 µs through pycryptodome (one Salsa20 call over 0^32 | packet gives the Poly1305
-key and the ciphertext, then one Poly1305); HSalsa20 ~8 µs. With nothing installed
-(pure-Python Salsa20, libcrypto's Poly1305) ~100-150 µs, the 23 keystream blocks of a
-frame computed side by side (pure_salsa20.py), and less when the frames of a write are
+key and the ciphertext, then one Poly1305); HSalsa20 ~8 µs. With no package, through
+``ctypes``: the system's libsodium ~4 µs (the same one call as PyNaCl), nettle's or
+libgcrypt's Salsa20 with libcrypto's Poly1305 ~9-12 (bench/frames.py measures each
+route). With no C Salsa20 at all (pure-Python Salsa20, libcrypto's Poly1305) ~100-150
+µs, the 23 keystream blocks of a frame computed side by side (pure_salsa20.py), and less
+when the frames of a write are
 sealed together or, reading, the next frames' keystreams are computed ahead
 (``_PortableSecretBox``): an in-memory obfs4 pair then carries ~11 MB/s each way on one
 core, against ~25-34 on pycryptodome. The frame's length mask (obfs4_drbg.py) costs
