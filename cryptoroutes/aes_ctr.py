@@ -12,7 +12,7 @@ first thing obfs2 and obfs3 do).
 """
 
 from cryptoroutes import chooser
-from cryptoroutes.chooser import PASSED_OVER, choose, passed_over_text, pycryptodome
+from cryptoroutes.chooser import PASSED_OVER, byte_view, choose, passed_over_text, pycryptodome
 
 chooser.check_setting()     # a bad OBFSPROXY_CRYPTO stops here, in one line
 
@@ -23,9 +23,25 @@ chooser.check_setting()     # a bad OBFSPROXY_CRYPTO stops here, in one line
 _PycryptodomeAES = pycryptodome("Cipher.AES")
 
 
-def _aes_ctr_pycryptodome(key, initial_value):
-    """pycryptodome's CTR over a whole 16-byte counter block (``nonce=b""``)."""
-    return _PycryptodomeAES.new(key, _PycryptodomeAES.MODE_CTR, nonce=b"", initial_value=initial_value)
+class _aes_ctr_pycryptodome:
+    """pycryptodome's CTR over a whole 16-byte counter block (``nonce=b""``), given
+    ``data`` and ``output`` as their bytes (chooser.byte_view): some versions (Debian
+    12's 3.11) take a view of 4-byte items for its item count."""
+
+    __slots__ = ("_encrypt",)
+
+    def __init__(self, key, initial_value):
+        self._encrypt = _PycryptodomeAES.new(key, _PycryptodomeAES.MODE_CTR, nonce=b"",
+                                             initial_value=initial_value).encrypt
+
+    def encrypt(self, data, output=None):
+        if type(data) is not bytes:
+            data = byte_view(data)
+        if output is None:
+            return self._encrypt(data)
+        return self._encrypt(data, output=byte_view(output))
+
+    decrypt = encrypt
 
 
 # NIST SP 800-38A F.5.1, F.5.3, F.5.5 (CTR-AES128/192/256.Encrypt, four blocks each), and

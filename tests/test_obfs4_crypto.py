@@ -898,7 +898,11 @@ def test_importing_with_a_broken_salsa20_passes_it_over_and_says_so():
                         OBFSPROXY_CRYPTO_SKIP="libsodium,nettle,libgcrypt")
     assert result.returncode == 0, result.stderr
     assert "Salsa20: pure Python (pycryptodome Salsa20 failed its known answer)" in result.stdout
-    assert "HSalsa20: pure Python (pycryptodome Salsa20 seek failed its known answer)" in result.stdout
+    if hasattr(Salsa20.new(key=bytes(32), nonce=bytes(8)), "seek"):
+        assert "HSalsa20: pure Python (pycryptodome Salsa20 seek failed its known answer)" in result.stdout
+    else:       # Debian 12's 3.11: no seek at all, which the report says
+        assert "HSalsa20: pure Python (pycryptodome Salsa20 seek not used: this pycryptodome (3.11" \
+            in result.stdout and ") lacks seek)" in result.stdout
 
 
 @pytest.mark.parametrize("mode", ["client", "managed"])
