@@ -621,8 +621,9 @@ def test_site_packages_off_is_not_said_to_be_not_installed(tmp_path):
     code = ("import sys; sys.path.insert(0, %r)\n"
             "from cryptoroutes import chooser\n"
             "print(chooser.unavailable()['PyNaCl'])\n" % str(ROOT))
+    environ = {k: v for k, v in os.environ.items() if k not in (chooser.CRYPTO_ENV, chooser.SKIP_ENV)}
     result = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
-                            timeout=60, cwd=str(tmp_path))
+                            timeout=60, cwd=str(tmp_path), env=environ)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "PyNaCl is not looked for: site-packages are off (python3 -S)"
 
