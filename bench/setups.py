@@ -31,7 +31,7 @@ for _transport in TRANSPORTS:
 # obfs4 on pycryptodome alone (OBFSPROXY_CRYPTO=portable: PyNaCl ignored); "ours-obfs4"
 # runs what is installed (PyNaCl's routes when it imports).
 SETUPS["ours-obfs4-portable"] = ("ours", "ours", "obfs4")
-# Each transport on the no-package routes (OBFSPROXY_CRYPTO=stdlib: libcrypto through ctypes,
+# Each transport on the no-package routes (OBFSPROXY_CRYPTO=stdlib: the system's libraries through ctypes,
 # then plain Python), what the .pyz runs on a bare Python; only when named.
 for _transport in TRANSPORTS:
     SETUPS["ours-%s-stdlib" % _transport] = ("ours", "ours", _transport)

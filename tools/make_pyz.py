@@ -23,10 +23,10 @@ runs is exactly what is inside. What goes in:
                                         (a different magic number) and compiles the .py
 
 The crypto needs no package: each primitive chooses its route at import by known
-answers (libcrypto through ctypes, or pure Python; pycryptodome or PyNaCl only when the
-target has them and ``-S`` is left off). The build is reproducible: entries are sorted,
-their dates fixed, and the bytecode is hash-checked against its source rather than
-dated.
+answers (the system's libcrypto, libsodium, nettle or libgcrypt through ctypes, or pure
+Python; pycryptodome or PyNaCl only when the target has them and ``-S`` is left off).
+The build is reproducible: entries are sorted, their dates fixed, and the bytecode is
+hash-checked against its source rather than dated.
 """
 
 import argparse
