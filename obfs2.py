@@ -79,7 +79,7 @@ import re
 import secrets
 import struct
 
-from accel import AES, aes_ctr_routes
+from cryptoroutes.aes_ctr import AES, aes_ctr_routes
 
 MAGIC_VALUE = 0x2BF5CA7E
 SEED_LENGTH = 16

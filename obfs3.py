@@ -145,8 +145,8 @@ from collections import namedtuple
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
-from accel import AES, aes_ctr_routes
-from accel import ModexpInteger as Integer  # libcrypto's or pycryptodome's; None: pow() does it
+from cryptoroutes.aes_ctr import AES, aes_ctr_routes
+from cryptoroutes.chooser import ModexpInteger as Integer  # libcrypto's, pycryptodome's, or None: pow()
 
 # RFC 3526 group 5, the 1536-bit MODP group; generator 2.
 P = int(

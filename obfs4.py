@@ -127,7 +127,7 @@ import time
 
 import obfs4_crypto
 import obfs4_state
-from curve25519 import elligator2_direct, generate_keypair, x25519
+from cryptoroutes.curve25519 import elligator2_direct, generate_keypair, x25519
 from obfs4_crypto import SecretBox, hkdf_sha256
 from obfs4_drbg import HashDrbg, WeightedDist, close_delay
 from obfs4_state import (

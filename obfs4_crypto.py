@@ -13,7 +13,7 @@ obfs4 (see ``obfs4.py``) needs, beyond SHA-2/HMAC from ``hashlib``:
 When PyNaCl (libsodium) is installed, secretbox, X25519 and the Edwards work of key
 generation run there instead; pycryptodome (``Crypto`` or ``Cryptodome``) and OpenSSL's
 libcrypto through ``ctypes`` serve other pieces; each only after it gives the known
-answers at import (accel.py). With none of them (``python3 -I -S``, or
+answers at import (cryptoroutes/chooser.py). With none of them (``python3 -I -S``, or
 ``OBFSPROXY_CRYPTO=stdlib``) everything still runs in pure Python, only slower.
 
 secretbox gives each frame confidentiality and integrity, **provided a nonce is never
@@ -56,18 +56,24 @@ One frame's secretbox (obfs4-spec 2.8)
 (libsodium's crypto_secretbox does all of this in one call from key, nonce24, packet;
 the portable route does it in two, with the subkey cached per direction.)
 
-Routes (accel.py says how each is chosen)
------------------------------------------
+Routes (cryptoroutes/chooser.py says how each is chosen)
+---------------------------------------------------------
 =============  ==========================================  ====================================
 piece          candidates, fastest first                   used for
 =============  ==========================================  ====================================
-secretbox      PyNaCl ``crypto_secretbox``;                every frame, both directions
-               the Salsa20 route + the Poly1305 route
-Poly1305       libcrypto ``EVP_Q_mac`` (ctypes);           the portable secretbox
+secretbox      PyNaCl ``crypto_secretbox``; libsodium      every frame, both directions
+               ``crypto_secretbox_easy`` (ctypes); the
+               Salsa20 route + the Poly1305 route
+Poly1305       libsodium ``crypto_onetimeauth_poly1305``,  the portable secretbox
+               libcrypto ``EVP_Q_mac`` (ctypes);
                pycryptodome ``Poly1305_MAC``; pure Python
-HSalsa20       pycryptodome Salsa20 ``seek``; pure Python  the portable secretbox (per direction)
-Salsa20        pycryptodome ``Salsa20``; pure Python       the portable secretbox
-               (pure_salsa20.py: not in OpenSSL)
+HSalsa20       libsodium ``crypto_core_hsalsa20``          the portable secretbox (per direction)
+               (ctypes); pycryptodome Salsa20 ``seek``;
+               pure Python
+Salsa20        libsodium ``crypto_stream_salsa20_xor_ic``, the portable secretbox
+               nettle ``salsa20_crypt``, libgcrypt
+               ``gcry_cipher`` (ctypes); pycryptodome
+               ``Salsa20``; pure Python (pure_salsa20.py)
 =============  ==========================================  ====================================
 
 Every piece has a pure-Python fallback, so a wrong answer never stops us: it is passed
@@ -84,9 +90,12 @@ figures move by 20-50% with the machine's load): seal or open of 1430 bytes is ~
 through PyNaCl (one C call for the whole box; libsodium recomputes HSalsa20 from the
 24-byte nonce each time, which costs less than any way round it from Python), against
 ~11-14 µs through pycryptodome (one Salsa20 call over 0^32 | packet gives the Poly1305
-key and the ciphertext, then one Poly1305); HSalsa20 ~8 µs. With nothing installed
-(pure-Python Salsa20, libcrypto's Poly1305) ~100-150 µs, the 23 keystream blocks of a
-frame computed side by side (pure_salsa20.py), and less when the frames of a write are
+key and the ciphertext, then one Poly1305); HSalsa20 ~8 µs. With no package, through
+``ctypes``: the system's libsodium ~4 µs (the same one call as PyNaCl), nettle's or
+libgcrypt's Salsa20 with libcrypto's Poly1305 ~9-12 (bench/frames.py measures each
+route). With no C Salsa20 at all (pure-Python Salsa20, libcrypto's Poly1305) ~100-150
+µs, the 23 keystream blocks of a frame computed side by side (pure_salsa20.py), and less
+when the frames of a write are
 sealed together or, reading, the next frames' keystreams are computed ahead
 (``_PortableSecretBox``): an in-memory obfs4 pair then carries ~11 MB/s each way on one
 core, against ~25-34 on pycryptodome. The frame's length mask (obfs4_drbg.py) costs
@@ -97,16 +106,14 @@ import hashlib
 import hmac
 import struct
 
-import accel
-import curve25519
 import obfs4_drbg
-import pure_salsa20
-from accel import KnownAnswerError  # noqa: F401  (re-exported: obfs4_crypto.KnownAnswerError)
+from cryptoroutes import chooser, curve25519, pure_salsa20
+from cryptoroutes.chooser import KnownAnswerError  # noqa: F401  (re-exported: obfs4_crypto.KnownAnswerError)
 
-# The accelerator and the route chooser (accel.py), by the names the code below uses.
-_nacl, _NaClError, _PASSED_OVER = accel.nacl, accel.NaClError, accel.PASSED_OVER
-_choose, _answers, _gives = accel.choose, accel.answers, accel.gives
-_Poly1305_MAC, _lib_poly1305, Salsa20 = accel.Poly1305_MAC, accel.lib_poly1305, accel.Salsa20
+# The route chooser (chooser.py), by the names the code below uses.
+_nacl, _NaClError, _PASSED_OVER = chooser.nacl, chooser.NaClError, chooser.PASSED_OVER
+_choose, _answers, _gives, _byte_view = chooser.choose, chooser.answers, chooser.gives, chooser.byte_view
+_Poly1305_MAC, _lib_poly1305, Salsa20 = chooser.Poly1305_MAC, chooser.lib_poly1305, chooser.Salsa20
 
 # --------------------------------------------------------------------------------------
 # HKDF-SHA256 (RFC 5869), for ntor's key expansion
@@ -210,8 +217,11 @@ def _poly1305_pure(key32, data):
     for each 16-byte block b (the last may be shorter):
         acc = (acc + LE(b) + 2^(8·len(b))) · r  mod 2^130 - 5
     tag = (acc + s) mod 2^128, 16 bytes little-endian."""
+    if len(key32) != 32:
+        raise ValueError("Poly1305 takes a 32-byte key, not %d" % len(key32))
     r = int.from_bytes(key32[:16], "little") & R_CLAMP
     s = int.from_bytes(key32[16:32], "little")
+    data = data if type(data) is bytes else _byte_view(data)
     acc = 0
     full = len(data) - len(data) % 16
     for i in range(0, full, 16):
@@ -224,12 +234,12 @@ def _poly1305_pure(key32, data):
 
 def _poly1305_pycryptodome(key32, data):
     """pycryptodome's private raw-key class (it clamps r itself)."""
-    return _Poly1305_MAC(key32[:16], key32[16:32], data).digest()
+    return _Poly1305_MAC(key32[:16], key32[16:32], data if type(data) is bytes else _byte_view(data)).digest()
 
 
 def _salsa20_xor_pycryptodome(key32, nonce8, data):
     """Salsa20/20(key, nonce) from block 0, XORed with ``data``: pycryptodome's public API."""
-    return Salsa20.new(key=key32, nonce=nonce8).encrypt(data)
+    return Salsa20.new(key=key32, nonce=nonce8).encrypt(data if type(data) is bytes else _byte_view(data))
 
 
 # RFC 8439 section 2.5.2, and the empty message (whose tag is s itself).
@@ -242,10 +252,11 @@ _POLY1305_ANSWERS = [
 
 
 def _poly1305_route():
-    """Poly1305: libcrypto's one-call EVP_Q_mac (~10 µs a frame, where pycryptodome's
-    Python layer around its C costs ~30), else pycryptodome's raw-key class, else pure
-    Python."""
-    return _choose([(_lib_poly1305, "libcrypto EVP_Q_mac"),
+    """Poly1305: libsodium's one call through ctypes (~2 µs a frame), else libcrypto's
+    one-call EVP_Q_mac (~4 µs, where pycryptodome's Python layer around its C costs ~8),
+    else pycryptodome's raw-key class, else pure Python (measured in one run)."""
+    return _choose([(chooser.sodium_poly1305, "libsodium crypto_onetimeauth_poly1305"),
+                    (_lib_poly1305, "libcrypto EVP_Q_mac"),
                     (_poly1305_pycryptodome if _Poly1305_MAC else None, "pycryptodome Poly1305_MAC"),
                     (_poly1305_pure, "pure Python")], _answers(_POLY1305_ANSWERS))
 
@@ -267,9 +278,14 @@ _SALSA20_ANSWERS = [
 
 
 def _salsa20_route():
-    """Salsa20: pycryptodome's, else pure Python with every block of a frame side by
-    side (pure_salsa20.py; not in OpenSSL)."""
-    return _choose([(_salsa20_xor_pycryptodome if Salsa20 else None, "pycryptodome Salsa20"),
+    """Salsa20 (not in OpenSSL): the system's libsodium, nettle or libgcrypt through
+    ctypes (~3, ~5 and ~6 µs a 1,462-byte frame, where pycryptodome's Python layer
+    around its C costs ~33: measured in one run), else pycryptodome's, else pure Python
+    with every block of a frame side by side (pure_salsa20.py)."""
+    return _choose([(chooser.sodium_salsa20_xor, "libsodium crypto_stream_salsa20_xor_ic"),
+                    (chooser.nettle_salsa20_xor, "nettle salsa20_crypt"),
+                    (chooser.gcrypt_salsa20_xor, "libgcrypt gcry_cipher Salsa20"),
+                    (_salsa20_xor_pycryptodome if Salsa20 else None, "pycryptodome Salsa20"),
                     (pure_salsa20.salsa20_xor, "pure Python")], _answers(_SALSA20_ANSWERS))
 
 
@@ -287,8 +303,10 @@ _HSALSA20_ANSWERS = [
 
 
 def _hsalsa20_route():
-    """HSalsa20: one seeked pycryptodome Salsa20 block, else pure Python."""
-    return _choose([(_hsalsa20_pycryptodome if Salsa20 else None, "pycryptodome Salsa20 seek"),
+    """HSalsa20: libsodium's crypto_core_hsalsa20, else one seeked pycryptodome Salsa20
+    block, else pure Python."""
+    return _choose([(chooser.sodium_hsalsa20, "libsodium crypto_core_hsalsa20"),
+                    (_hsalsa20_pycryptodome if Salsa20 else None, "pycryptodome Salsa20 seek"),
                     (_hsalsa20_pure, "pure Python")],
                    _answers(_HSALSA20_ANSWERS))
 
@@ -317,9 +335,9 @@ def _open(subkey, nonce8, box):
     """The message in tag | ct, or ValueError("bad tag"). Salsa20(0^32 | ct) gives the
     Poly1305 key and the message in one call; the message is returned only if the tag
     over ct matches (constant-time compare). A memoryview of the result."""
+    box = _byte_view(box)
     if len(box) < TAG_LENGTH:
         raise ValueError("bad tag")
-    box = memoryview(box)
     ciphertext = box[TAG_LENGTH:]
     out = _salsa20_xor(subkey, nonce8, _ZERO32 + ciphertext)
     if not hmac.compare_digest(poly1305(bytes(out[:32]), ciphertext), box[:TAG_LENGTH]):
@@ -408,6 +426,25 @@ class _NaClSecretBox(SecretBox):
             raise ValueError("bad tag") from None
 
 
+class _SodiumSecretBox(SecretBox):
+    """crypto_secretbox_easy through ctypes, from the system's libsodium with no package
+    (libsodium.py): the whole box in one C call each way, as ``_NaClSecretBox``."""
+
+    def seal(self, counter, packet):
+        return _sodium_seal(packet, self.nonce_prefix + _be64(counter), self._key)
+
+    def seal_packets(self, counter, packets):
+        _check_counters(counter, len(packets))
+        seal, prefix, key = _sodium_seal, self.nonce_prefix, self._key
+        return [seal(packet, prefix + n.to_bytes(8, "big"), key) for n, packet in enumerate(packets, counter)]
+
+    def open_view(self, counter, box):
+        return _sodium_open(box, self.nonce_prefix + _be64(counter), self._key)
+
+
+_sodium_seal, _sodium_open = chooser.sodium_secretbox or (None, None)
+
+
 class _PortableSecretBox(SecretBox):
     """The Salsa20 and Poly1305 routes, with the HSalsa20 subkey cached.
 
@@ -438,9 +475,9 @@ class _PortableSecretBox(SecretBox):
     def open_view(self, counter, box):
         if _salsa20_xor is not pure_salsa20.salsa20_xor:
             return _open(self._subkey, _be64(counter), box)
+        box = _byte_view(box)
         if len(box) < TAG_LENGTH:
             raise ValueError("bad tag")
-        box = memoryview(box)
         ciphertext = box[TAG_LENGTH:]
         stream = self._keystream(counter, 32 + len(ciphertext))
         if not hmac.compare_digest(poly1305(stream[:32], ciphertext), box[:TAG_LENGTH]):
@@ -560,9 +597,12 @@ def _secretbox_proven(route):
 
 
 def _secretbox_route():
-    """secretbox: PyNaCl, else pycryptodome's Salsa20 with the Poly1305 route."""
+    """secretbox: PyNaCl, else the system's libsodium through ctypes, else the Salsa20
+    route with the Poly1305 route."""
     portable = "Salsa20 (%s) + Poly1305 (%s)" % (SALSA20_ROUTE, POLY1305_ROUTE)
     return _choose([(_NaClSecretBox if _nacl else None, "PyNaCl crypto_secretbox"),
+                    (_SodiumSecretBox if chooser.sodium_secretbox else None,
+                     "libsodium crypto_secretbox_easy"),
                     (_PortableSecretBox, portable)], _secretbox_proven)
 
 
@@ -589,7 +629,7 @@ def reported_routes():
     over" saying why (a family not used, a known answer failed): what obfs4 reports
     for the start-up NOTICE, so that it says what ``route_report()`` says."""
     chosen = routes()
-    why = accel.passed_over_text(list(chosen))
+    why = chooser.passed_over_text(list(chosen))
     if why:
         chosen["passed over"] = why
     return chosen
@@ -614,7 +654,6 @@ def route_report():
     parts = []
     for piece, route in routes().items():
         failed = _PASSED_OVER.get(piece)
-        parts.append("%s: %s%s" % (piece, route, " (%s failed its known answer)" % ", ".join(failed)
-                                   if failed else ""))
-    parts += ["%s not used: %s" % item for item in accel.unavailable().items()]
+        parts.append("%s: %s%s" % (piece, route, " (%s)" % chooser.failed_text(failed) if failed else ""))
+    parts += ["%s not used: %s" % item for item in chooser.unavailable().items()]
     return "; ".join(parts)

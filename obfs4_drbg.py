@@ -37,7 +37,7 @@ its context can be duplicated, so each block is "absorb, duplicate, finish the c
 (libcrypto.SipHashStream), four C calls through ``ctypes``: ~3 µs a block in a batch
 against ~6-8 µs for the Python rounds below (measured in the same run on the shared
 2-core machine). It runs only after it gives the ``hash_drbg_blocks`` answers at import
-(accel.py); ``DRBG_ROUTE`` names the route. Incremental SipHash in Python costs ~6-7 µs
+(cryptoroutes/chooser.py); ``DRBG_ROUTE`` names the route. Incremental SipHash in Python costs ~6-7 µs
 a block (8 SipRounds of 64-bit integers; ``HashDrbg.masks`` runs the rounds for a whole
 write or read in one loop).
 """
@@ -46,9 +46,9 @@ import random
 import secrets
 import struct
 
-import accel
+from cryptoroutes import chooser
 
-accel.check_setting()     # a bad OBFSPROXY_CRYPTO stops here, in one line
+chooser.check_setting()     # a bad OBFSPROXY_CRYPTO stops here, in one line
 
 # --------------------------------------------------------------------------------------
 # SipHash-2-4 (obfs4-spec 7.4), built from three steps so the DRBG can run it incrementally
@@ -281,7 +281,7 @@ class _LibcryptoHashDrbg(_PureHashDrbg):
     def __init__(self, seed24):
         if len(seed24) != DRBG_SEED_LENGTH:
             raise ValueError("a hash-DRBG seed is 24 bytes, not %d" % len(seed24))
-        self._sip = accel.LibSipHashStream(bytes(seed24[:16]))
+        self._sip = chooser.LibSipHashStream(bytes(seed24[:16]))
         self._last = bytes(seed24[16:24])
 
     def _raw_blocks(self, count):
@@ -331,12 +331,12 @@ def drbg_proven(route):
 
 def _drbg_route():
     """The hash DRBG: libcrypto's streaming SipHash, else the Python rounds."""
-    streaming = _LibcryptoHashDrbg if accel.LibSipHashStream else None
-    return accel.choose([(streaming, "libcrypto EVP_MAC SipHash"),
+    streaming = _LibcryptoHashDrbg if chooser.LibSipHashStream else None
+    return chooser.choose([(streaming, "libcrypto EVP_MAC SipHash"),
                          (_PureHashDrbg, "pure Python")], drbg_proven)
 
 
-HashDrbg, DRBG_ROUTE, accel.PASSED_OVER["hash DRBG"] = _drbg_route()
+HashDrbg, DRBG_ROUTE, chooser.PASSED_OVER["hash DRBG"] = _drbg_route()
 
 
 class GoRand:

@@ -28,7 +28,7 @@ import re
 import shlex
 from pathlib import Path
 
-from curve25519 import x25519_base
+from cryptoroutes.curve25519 import x25519_base
 from obfs4_drbg import DRBG_SEED_LENGTH
 
 NODE_ID_LENGTH = 20

@@ -93,7 +93,7 @@ from pathlib import Path
 if os.path.dirname(os.path.abspath(__file__)) not in map(os.path.abspath, sys.path):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import accel  # noqa: E402  (found through the path above)
+from cryptoroutes import chooser  # noqa: E402  (found through the path above)
 
 __version__ = "0.3.0"
 COMMANDS = ("client", "server", "demo", "managed", "unmask", "detect")
@@ -164,7 +164,7 @@ except ImportError as _missing:
     if is_ours(_missing):
         raise
     missing_dependency(_missing)
-except accel.KnownAnswerError as _wrong:
+except chooser.KnownAnswerError as _wrong:
     # A primitive with no fallback gave a wrong answer: refuse to run it, and say so
     # where the user (or Tor) will read it.
     if any(word in ("managed", "--managed") for word in sys.argv[1:]):

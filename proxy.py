@@ -45,6 +45,7 @@ import outbound
 import pool
 import socks
 import transports
+from cryptoroutes import chooser
 from outbound import Deadline, format_address, open_connection, send_all
 from relay import CHUNK, Relay
 
@@ -582,12 +583,13 @@ def setup_logging(path=None, severity="notice"):
 
 def log_routes(names):
     """Say at startup which crypto route each piece of the transports ``names``
-    runs on (the accelerator, pycryptodome, or pure Python), and warn once when a
-    piece runs in pure Python although a C route exists: slower, and not
-    constant-time."""
+    runs on (a library, or plain Python), and once when a piece runs in plain Python
+    although a C route exists: slower, and not constant-time. A WARNING only where
+    installing a package would change it; else a NOTICE with the advice that fits
+    (cryptoroutes.chooser.plain_python_notice)."""
     routes, slow = transports.crypto_routes(names)
     if routes:
         log.log(NOTICE, "crypto routes: %s", "; ".join("%s: %s" % item for item in routes.items()))
     if slow:
-        log.warning("%s run in pure Python here (slower, and not constant-time): install a "
-                    "recent pycryptodome, or PyNaCl, to use the C routes", ", ".join(slow))
+        warn, text = chooser.plain_python_notice(slow)
+        log.log(logging.WARNING if warn else NOTICE, "%s", text)

@@ -42,8 +42,13 @@ end each is stopped the way it expects (ours: SIGTERM; obfs4proxy: its stdin is 
   and, only when named in --setups:
     ours-to-o4p-obfsN, o4p-to-ours-obfsN   one end each (interoperability under load)
     ours-obfsN-nopool  ours with OBFSPROXY_POOL_SIZE=0: what the handshake pools buy
-    ours-obfsN-stdlib  ours with OBFSPROXY_CRYPTO=stdlib: no package, libcrypto through
-                     ctypes then plain Python, as the .pyz runs on a bare Python
+    ours-obfsN-stdlib  ours with OBFSPROXY_CRYPTO=stdlib: no package, the system's
+                     libraries through ctypes then plain Python
+    ours-obfs4-pyz   the one-file build at both ends, run bare (python3 -I -S obfsproxy.pyz,
+                     --pyz or built by tools/make_pyz.py for the run): every system library
+                     it finds (libsodium first); -nettle and -libgcrypt leave the others
+                     out (OBFSPROXY_CRYPTO_SKIP), -libcrypto all three (Salsa20 in plain
+                     Python), -python every library (OBFSPROXY_CRYPTO=python)
     ours-webtunnel   python obfsproxy.py client ==TLS==> nginx (tests/nginx.py's configuration,
                      the README's) --> python obfsproxy.py server (plain HTTP) --> sink; the
                      client trusts a test CA (tests/testca.py) through SSL_CERT_FILE
@@ -176,7 +181,7 @@ from report import (
     results_table,
     webtunnel_table,
 )
-from setups import DEFAULT_SETUPS, SETUPS, Setup
+from setups import DEFAULT_SETUPS, PYZ_SETUPS, SETUPS, Setup
 from traffic import sink_main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -228,6 +233,9 @@ def parse_options(argv):
                         help="only the setups without obfs4proxy")
     parser.add_argument("--obfsproxy", default=os.path.join(ROOT, "obfsproxy.py"),
                         help="the obfsproxy.py to measure [the one in this checkout]")
+    parser.add_argument("--pyz", metavar="PATH",
+                        help="the obfsproxy.pyz of the ours-obfs4-pyz setups [built from the "
+                             "checkout by tools/make_pyz.py for the run]")
     parser.add_argument("--obfs4proxy", default=shutil.which("obfs4proxy") or "/usr/bin/obfs4proxy",
                         help="the obfs4proxy binary [from PATH]")
     parser.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH")
@@ -291,6 +299,16 @@ def main(argv=None):
     for key in ("date", "host", "obfsproxy", "obfs4proxy", "load_start"):
         print("%-11s %s" % (key + ":", info[key]), file=sys.stderr, flush=True)
 
+    pyz_dir = None
+    if any(name in PYZ_SETUPS for name in options.setups) and not options.pyz:
+        pyz_dir = tempfile.mkdtemp(prefix="bench-pyz-")
+        options.pyz = os.path.join(pyz_dir, "obfsproxy.pyz")
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_pyz.py"), options.pyz],
+                       check=True, capture_output=True, timeout=300)
+    if options.pyz:
+        info["pyz"] = "%s (%d bytes)" % (options.pyz, os.path.getsize(options.pyz))
+        print("pyz:        %s" % info["pyz"], file=sys.stderr, flush=True)
+
     began = time.monotonic()
     meter = Meter()
     at_start = meter.snapshot()
@@ -334,6 +352,8 @@ def main(argv=None):
     finally:
         results = {setup.name: setup.stop() for setup in setups}
         sink.stop()
+        if pyz_dir:
+            shutil.rmtree(pyz_dir, ignore_errors=True)
     other, available = meter.other_since(at_start)
     info["other_cpu"] = 100 * other / available if available else None
     info["load_end"] = load_average()
@@ -343,6 +363,8 @@ def main(argv=None):
     print("obfsproxy.py benchmark, %s; %s" % (info["date"], info["host"]))
     print("obfsproxy.py: %s" % info["obfsproxy"])
     print("obfs4proxy:   %s" % info["obfs4proxy"])
+    if info.get("pyz"):
+        print("pyz:          %s" % info["pyz"])
     print("took %.0f s; load average %s at start, %s at end (this run's own processes count too)"
           % (info["seconds"], info["load_start"], info["load_end"]))
     print("other processes used %s%% of the machine's CPU during the run (the noise; per setup "

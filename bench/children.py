@@ -84,7 +84,8 @@ BRIDGE_LINE = re.compile(r"bridge line for clients: Bridge (.*)$")
 def start_ours(program, role, transport, dest=None, extra=(), state_dir=None, env=None):
     """Our client or server. An obfs4 server gets --state-dir, and its bridge line's
     arguments (cert=..., iat-mode=0) become the Child's ``args``."""
-    argv = [sys.executable, program, role, "--transport=" + transport]
+    bare = ["-I", "-S"] if program.endswith(".pyz") else []      # the one file runs bare
+    argv = [sys.executable] + bare + [program, role, "--transport=" + transport]
     if dest is not None:
         argv.append("--dest=%s:%d" % dest)
     if role == "server" and transport == "obfs4":

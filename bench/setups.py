@@ -31,10 +31,21 @@ for _transport in TRANSPORTS:
 # obfs4 on pycryptodome alone (OBFSPROXY_CRYPTO=portable: PyNaCl ignored); "ours-obfs4"
 # runs what is installed (PyNaCl's routes when it imports).
 SETUPS["ours-obfs4-portable"] = ("ours", "ours", "obfs4")
-# Each transport on the no-package routes (OBFSPROXY_CRYPTO=stdlib: libcrypto through ctypes,
+# Each transport on the no-package routes (OBFSPROXY_CRYPTO=stdlib: the system's libraries through ctypes,
 # then plain Python), what the .pyz runs on a bare Python; only when named.
 for _transport in TRANSPORTS:
     SETUPS["ours-%s-stdlib" % _transport] = ("ours", "ours", _transport)
+# obfs4 from the one-file build, run bare at both ends (python3 -I -S obfsproxy.pyz: no
+# package), on each system library's route; only when named. {setup: environment}
+SKIP_ENV = "OBFSPROXY_CRYPTO_SKIP"
+PYZ_SETUPS = {"ours-obfs4-pyz": {},                                       # all it finds: libsodium
+              "ours-obfs4-pyz-nettle": {SKIP_ENV: "libsodium,libgcrypt"},
+              "ours-obfs4-pyz-libgcrypt": {SKIP_ENV: "libsodium,nettle"},
+              # no system library beyond the libcrypto Python's ssl runs: Salsa20 in plain Python
+              "ours-obfs4-pyz-libcrypto": {SKIP_ENV: "libsodium,nettle,libgcrypt"},
+              "ours-obfs4-pyz-python": {"OBFSPROXY_CRYPTO": "python"}}    # plain Python only
+for _name in PYZ_SETUPS:
+    SETUPS[_name] = ("ours", "ours", "obfs4")
 # webtunnel, only when named: ours through nginx, ours terminating TLS, and nginx alone.
 SETUPS.update({"ours-webtunnel": ("ours", "ours", "webtunnel"),
                "ours-webtunnel-tls": ("ours", "ours", "webtunnel"),
@@ -51,7 +62,8 @@ def ours_environment(name):
     """The environment of our processes for setup ``name``: OBFSPROXY_POOL_SIZE=0 for
     -nopool; OBFSPROXY_CRYPTO=portable for -portable, and no OBFSPROXY_CRYPTO at all
     otherwise (so that "ours-obfs4" runs PyNaCl whenever it is installed)."""
-    env = {key: value for key, value in os.environ.items() if key not in (CRYPTO_ENV, HELLO_ENV)}
+    env = {key: value for key, value in os.environ.items() if key not in (CRYPTO_ENV, HELLO_ENV, SKIP_ENV)}
+    env.update(PYZ_SETUPS.get(name, {}))
     if name.endswith("-pyssl"):
         env[HELLO_ENV] = "python"
     if name.endswith("-nopool"):
@@ -105,17 +117,20 @@ def start_webtunnel(options, name, sink, directory):
     return started, front, args
 
 
-def start_pair(options, client_kind, server_kind, transport, sink, state_dir, extra=(), env=None):
-    """Start the server (forwarding to the sink), then the client. Returns [client, server]."""
+def start_pair(options, client_kind, server_kind, transport, sink, state_dir, extra=(), env=None,
+               program=None):
+    """Start the server (forwarding to the sink), then the client. Returns [client, server].
+    ``program``: ours to run (default --obfsproxy; a .pyz runs bare, python3 -I -S)."""
     started = []
+    program = program or options.obfsproxy
     try:
         if server_kind == "ours":
-            started.append(start_ours(options.obfsproxy, "server", transport, sink, extra,
+            started.append(start_ours(program, "server", transport, sink, extra,
                                       state_dir=state_dir, env=env))
         else:
             started.append(start_obfs4proxy(options.obfs4proxy, "server", transport, state_dir, sink))
         if client_kind == "ours":
-            started.insert(0, start_ours(options.obfsproxy, "client", transport, extra=extra,
+            started.insert(0, start_ours(program, "client", transport, extra=extra,
                                          env=env))
         else:
             started.insert(0, start_obfs4proxy(options.obfs4proxy, "client", transport, state_dir))
@@ -165,7 +180,8 @@ class Setup:
             else:
                 self.children = start_pair(self.options, self.client_kind, self.server_kind,
                                            self.transport, self.sink.address, state_dir,
-                                           env=ours_environment(self.name))
+                                           env=ours_environment(self.name),
+                                           program=self.options.pyz if self.name in PYZ_SETUPS else None)
         except Exception as exc:
             self.fail("start", exc)
             return

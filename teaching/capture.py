@@ -53,7 +53,7 @@ import obfs3
 import obfs4
 import obfs4_state
 import tlswire
-from curve25519 import elligator2_direct, x25519
+from cryptoroutes.curve25519 import elligator2_direct, x25519
 from teaching import tls_in_tls
 from teaching.pcap import CaptureError, load
 from teaching.present import (

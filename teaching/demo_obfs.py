@@ -8,7 +8,7 @@ import obfs2
 import obfs3
 import obfs4
 import obfs4_state
-from curve25519 import elligator2_direct, x25519
+from cryptoroutes.curve25519 import elligator2_direct, x25519
 from obfs4_crypto import SecretBox
 from obfs4_drbg import HashDrbg
 from teaching import capture, present

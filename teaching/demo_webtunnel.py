@@ -26,10 +26,10 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 import browser_tls
-import curve25519
 import proxy
 import tlswire
 import webtunnel
+from cryptoroutes import curve25519
 from outbound import format_address, is_ip_literal
 from teaching import present
 from teaching.demo_base import MESSAGE, Stage, application_bytes
@@ -320,7 +320,7 @@ def gcm_open(key, nonce, header, body):
     """AES-GCM decryption with a 12-byte nonce (SP 800-38D 7.2) over an AES-CTR route:
     H = E(0^128), J0 = nonce || 1, the plaintext is CTR from J0 + 1, the tag
     GHASH(A, C, their bit lengths) XOR E(J0). None when the tag differs."""
-    from accel import aes_ctr  # the transports' route: libcrypto, else pure Python
+    from cryptoroutes.aes_ctr import aes_ctr  # the transports' route: libcrypto, else pure Python
     ciphertext, tag = body[:-16], body[-16:]
     h = int.from_bytes(aes_ctr(key, bytes(16)).encrypt(bytes(16)), "big")
     j0 = nonce + b"\x00\x00\x00\x01"

@@ -50,7 +50,7 @@ from support import (
 
 import obfs2
 import tlswire
-from curve25519 import elligator2_direct, x25519
+from cryptoroutes.curve25519 import elligator2_direct, x25519
 from teaching import capture, pcap
 
 AES = pycryptodome_cipher("AES")

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
@@ -737,6 +738,8 @@ def test_a_missing_dependency_names_the_virtual_environment_beside_the_script(tm
     the system's python3): the message says which Python to run instead."""
     for path in ROOT.glob("*.py"):
         (tmp_path / path.name).write_bytes(path.read_bytes())
+    shutil.copytree(str(ROOT / "cryptoroutes"), str(tmp_path / "cryptoroutes"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
     venv = tmp_path / ".venv" / "bin" / "python3"
     venv.parent.mkdir(parents=True)
     venv.write_text("")

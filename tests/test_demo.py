@@ -31,7 +31,7 @@ from support import PROGRAM, ROOT, LineReader, closed_port, load_vectors, pycryp
 import browser_tls
 import proxy
 import tlswire
-from curve25519 import elligator2_direct
+from cryptoroutes.curve25519 import elligator2_direct
 from obfs4_crypto import secretbox_open
 from obfs4_drbg import HashDrbg, WeightedDist
 from teaching import capture, demo, demo_obfs, demo_webtunnel

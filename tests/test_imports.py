@@ -32,17 +32,27 @@ def graph_of(stdout):
 
 
 def modules():
-    """The project's module names as the checker names them: the root's, and teaching.*."""
+    """The project's module names as the checker names them: the root's, teaching.*
+    and cryptoroutes.*."""
     names = {path.stem for path in ROOT.glob("*.py")}
-    return names | {"teaching" if path.stem == "__init__" else "teaching." + path.stem
-                    for path in (ROOT / "teaching").glob("*.py")}
+    for package in ("teaching", "cryptoroutes"):
+        names |= {package if path.stem == "__init__" else package + "." + path.stem
+                  for path in (ROOT / package).glob("*.py")}
+    return names
+
+
+def copy_runtime(folder):
+    """The root's *.py and cryptoroutes/ (the runtime) copied into ``folder``."""
+    for path in ROOT.glob("*.py"):
+        shutil.copy(str(path), str(folder / path.name))
+    shutil.copytree(str(ROOT / "cryptoroutes"), str(folder / "cryptoroutes"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
 
 
 @pytest.fixture
 def copy(tmp_path):
-    """A copy of the project's modules (the root's and teaching/), to break."""
-    for path in ROOT.glob("*.py"):
-        shutil.copy(str(path), str(tmp_path / path.name))
+    """A copy of the project's modules (the root's, cryptoroutes/ and teaching/), to break."""
+    copy_runtime(tmp_path)
     shutil.copytree(str(ROOT / "teaching"), str(tmp_path / "teaching"),
                     ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
@@ -62,14 +72,16 @@ def test_the_project_keeps_its_import_rules():
     runtime = [module for module in graph if not module.startswith("teaching")]
     assert not [(m, d) for m in runtime if m != "obfsproxy" for d in graph[m] if d.startswith("teaching")]
     assert {"teaching.demo", "teaching.capture"} <= set(graph["obfsproxy"])   # lazily, in dispatch
-    assert graph["obfs4"] == ["curve25519", "obfs4_crypto", "obfs4_drbg", "obfs4_state"]
-    assert graph["obfs4_state"] == ["curve25519", "obfs4_drbg"]
-    assert graph["relay"] == graph["libcrypto"] == graph["pure_aes"] == graph["tlswire"] == []
+    assert graph["obfs4"] == ["cryptoroutes.curve25519", "obfs4_crypto", "obfs4_drbg", "obfs4_state"]
+    assert graph["obfs4_state"] == ["cryptoroutes.curve25519", "obfs4_drbg"]
+    assert graph["relay"] == graph["cryptoroutes.pure_aes"] == graph["tlswire"] == []
+    assert graph["cryptoroutes.libcrypto"] == graph["cryptoroutes.nettle"] == ["cryptoroutes.syslib"]
     assert graph["webtunnel"] == ["addresses", "browser_tls"] and graph["browser_tls"] == ["tlswire"]
-    assert graph["accel"] == ["libcrypto", "pure_aes"]
-    allowed = {"obfs4_crypto", "obfs4_drbg", "obfs4_state", "curve25519", "accel", "libcrypto", "pure_aes",
-               "pure_salsa20"}
-    assert all(set(graph[leaf]) <= allowed for leaf in LEAVES)
+    assert graph["cryptoroutes.aes_ctr"] == ["cryptoroutes.chooser", "cryptoroutes.pure_aes"]
+    crypto = [module for module in graph if module.startswith("cryptoroutes")]
+    assert all(dep.startswith("cryptoroutes.") for module in crypto for dep in graph[module])
+    allowed = {"obfs4_crypto", "obfs4_drbg", "obfs4_state"}
+    assert all(dep in allowed or dep.startswith("cryptoroutes.") for leaf in LEAVES for dep in graph[leaf])
     assert "obfsproxy" not in [dep for deps in graph.values() for dep in deps]
     assert graph["proxy"] and "transports" in graph["proxy"]   # the graph is really read
 
@@ -107,6 +119,14 @@ def test_a_leaf_importing_the_project_fails(copy, leaf, dep):
     assert "%s is a sans-IO leaf but imports %s" % (leaf, dep) in result.stderr
 
 
+@pytest.mark.parametrize("line", ["import obfs4_drbg", "from obfs4_crypto import SecretBox"])
+def test_a_crypto_route_importing_the_transports_fails(copy, line):
+    append(copy / "cryptoroutes" / "pure_aes.py", "\n%s  # noqa\n" % line)
+    result = check(copy)
+    assert result.returncode == 1
+    assert "cryptoroutes.pure_aes is a crypto route but imports obfs4_" in result.stderr
+
+
 @pytest.mark.parametrize("line", ["from teaching import present", "import teaching.pcap",
                                   "from teaching.capture import FirstPacket"])
 def test_the_runtime_importing_teaching_fails(copy, line):
@@ -118,14 +138,18 @@ def test_the_runtime_importing_teaching_fails(copy, line):
 
 def test_the_readme_file_table_names_every_module_where_it_is():
     """The README's "How it is built" table: each root module in a runtime row, each
-    teaching module in a row of teaching/."""
+    crypto route in a row of cryptoroutes/, each teaching module in a row of teaching/."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("\n## How it is built\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
-    runtime = " ".join(row.split(" | ")[0] for row in rows if "teaching/" not in row)
+    runtime = " ".join(row.split(" | ")[0] for row in rows if "/" not in row.split(" | ")[0])
     teaching = " ".join(row.split(" | ")[0] for row in rows if "teaching/" in row)
+    crypto = " ".join(row.split(" | ")[0] for row in rows if "cryptoroutes/" in row)
     for path in ROOT.glob("*.py"):
         assert "`%s`" % path.name in runtime, path.name
+    for path in (ROOT / "cryptoroutes").glob("*.py"):
+        if path.stem != "__init__":
+            assert "%s`" % path.name in crypto and "`%s`" % path.name not in runtime, path.name
     for path in (ROOT / "teaching").glob("*.py"):
         if path.stem != "__init__":
             assert "%s`" % path.name in teaching and "`%s`" % path.name not in runtime, path.name
@@ -154,10 +178,10 @@ def test_the_cli_importing_teaching_at_its_top_fails(copy):
 
 
 def test_the_root_alone_carries_a_tunnel(tmp_path):
-    """The root's *.py copied without teaching/: every module imports, a tunnel carries
-    bytes both ways, and demo, unmask and detect each say in one line what is missing."""
-    for path in ROOT.glob("*.py"):
-        shutil.copy(str(path), str(tmp_path / path.name))
+    """The root's *.py and cryptoroutes/ copied without teaching/: every module imports,
+    a tunnel carries bytes both ways, and demo, unmask and detect each say in one line
+    what is missing."""
+    copy_runtime(tmp_path)
     names = sorted(path.stem for path in tmp_path.glob("*.py"))
     imported = subprocess.run([sys.executable, "-c", "import %s" % ", ".join(names)], cwd=str(tmp_path),
                               capture_output=True, text=True, timeout=60)

@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import load_vectors
 
-import curve25519
 import obfs4
 import obfs4_state
-from curve25519 import x25519, x25519_base
+from cryptoroutes import curve25519
+from cryptoroutes.curve25519 import x25519, x25519_base
 from obfs4_crypto import secretbox_open, secretbox_seal
 from obfs4_drbg import HashDrbg, WeightedDist
 

@@ -105,7 +105,8 @@ def copy(tmp_path_factory):
     folder = tmp_path_factory.mktemp("with-toy")
     for path in ROOT.glob("*.py"):
         shutil.copy(path, folder)
-    shutil.copytree(ROOT / "teaching", folder / "teaching", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("cryptoroutes", "teaching"):
+        shutil.copytree(ROOT / package, folder / package, ignore=shutil.ignore_patterns("__pycache__"))
     (folder / "toy.py").write_text(TOY, encoding="utf-8")
     registry = folder / "transports.py"
     text = registry.read_text(encoding="utf-8")

@@ -59,7 +59,8 @@ def test_the_archive_holds_the_tool_docopt_and_their_licences_and_nothing_else(p
     names = set(zipfile.ZipFile(str(pyz)).namelist())
     ours = {path.name for path in ROOT.glob("*.py")}
     teaching = {path.relative_to(ROOT).as_posix() for path in ROOT.glob("teaching/**/*.py")}
-    assert ours | teaching <= names
+    crypto = {path.relative_to(ROOT).as_posix() for path in ROOT.glob("cryptoroutes/**/*.py")}
+    assert crypto and ours | teaching | crypto <= names
     assert {"__main__.py", "LICENSE", "docopt/__init__.py"} <= names
     assert [name for name in names if name.startswith("LICENSES/docopt")], names
     assert {name[:-1] for name in names if name.endswith(".pyc")} == {n for n in names if n.endswith(".py")}

@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """check_imports.py: the project's import graph, and the rules it must keep.
 
-Reads every ``*.py`` of the project's root (the runtime) and of ``teaching/`` (the
-teaching tools, named ``teaching.demo`` and so on) with ``ast`` (nothing is imported or
+Reads every ``*.py`` of the project's root (the runtime), of ``cryptoroutes/`` (the
+runtime's crypto routes, named ``cryptoroutes.chooser`` and so on) and of ``teaching/``
+(the teaching tools, named ``teaching.demo`` and so on) with ``ast`` (nothing is imported or
 run), keeps the imports that name one of the project's own modules, wherever they stand
 (a lazy import inside a function is an edge too), prints the graph one ``module -> deps``
-line per module, and checks five rules::
+line per module, and checks six rules::
 
     1. no cycle                    a -> b -> a would make the layers meaningless
     2. nobody imports obfsproxy    the CLI is the top; nothing may depend on it
     3. the leaves import           obfs2, obfs3, obfs4, its primitives and its state,
        nothing of ours             socks, webtunnel, browser_tls, tlswire and the relay,
-                                   except obfs4 -> its pieces and webtunnel ->
+                                   except obfs4 -> its pieces, the transports ->
+                                   the crypto routes they use, and webtunnel ->
                                    browser_tls -> tlswire (LEAF_ALLOWED); a
                                    leaf that imported proxy would drag sockets
                                    and threads into the protocol, a relay that
@@ -23,6 +25,9 @@ line per module, and checks five rules::
        teaching                    that only serves traffic takes the root alone; the
                                    CLI reaches demo, unmask and detect inside a
                                    function, only when one of them runs
+    6. the crypto routes import    cryptoroutes/ is a layer below the transports:
+       nothing of ours outside     it knows no protocol, so any transport may
+       cryptoroutes/               use it
 
 Exit status 0 when all hold, 1 (with one line per violation on stderr) when
 one does not or a file does not parse.
@@ -38,19 +43,23 @@ from pathlib import Path
 
 CLI = "obfsproxy"
 TEACHING = "teaching"
-LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_state", "obfs4_crypto", "obfs4_drbg", "curve25519", "accel",
-          "libcrypto", "pure_aes", "pure_salsa20", "socks", "webtunnel", "browser_tls", "tlswire",
-          "addresses", "relay")
+CRYPTO = "cryptoroutes"
+PACKAGES = (TEACHING, CRYPTO)           # folders whose modules are named package.module
+LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_state", "obfs4_crypto", "obfs4_drbg", "socks", "webtunnel",
+          "browser_tls", "tlswire", "addresses", "relay")
 # obfs4 and its primitives: the frame cipher (and the route report), the DRBG, the keys,
-# and the accelerator's route chooser they share (which obfs2 and obfs3 use for AES-CTR),
-# with its libcrypto and pure-Python routes; and the bridge's identity and its files
-# (obfs4_state: the only file I/O among the leaves, which obfs4's server_config reaches
-# once per listener; it never imports the protocol, so the protocol can import it).
-LEAF_ALLOWED = {("obfs4", "obfs4_crypto"), ("obfs4", "obfs4_drbg"), ("obfs4", "curve25519"),
-                ("obfs4", "obfs4_state"), ("obfs4_state", "curve25519"), ("obfs4_state", "obfs4_drbg"),
-                ("obfs4_crypto", "accel"), ("obfs4_crypto", "obfs4_drbg"), ("obfs4_crypto", "curve25519"),
-                ("curve25519", "accel"), ("obfs2", "accel"), ("obfs3", "accel"), ("obfs4_drbg", "accel"),
-                ("accel", "libcrypto"), ("accel", "pure_aes"), ("obfs4_crypto", "pure_salsa20"),
+# the bridge's identity and its files (obfs4_state: the only file I/O among the leaves,
+# which obfs4's server_config reaches once per listener; it never imports the protocol,
+# so the protocol can import it); and the crypto routes (cryptoroutes/: obfs2 and obfs3
+# use its AES-CTR, obfs3 its modular power, obfs4 its curve and Salsa20 routes), which
+# import nothing of ours outside their folder (CRYPTO_ALLOWED says inside it).
+LEAF_ALLOWED = {("obfs4", "obfs4_crypto"), ("obfs4", "obfs4_drbg"), ("obfs4", "cryptoroutes.curve25519"),
+                ("obfs4", "obfs4_state"), ("obfs4_state", "cryptoroutes.curve25519"),
+                ("obfs4_state", "obfs4_drbg"), ("obfs4_crypto", "obfs4_drbg"),
+                ("obfs4_crypto", "cryptoroutes.chooser"), ("obfs4_crypto", "cryptoroutes.curve25519"),
+                ("obfs4_crypto", "cryptoroutes.pure_salsa20"), ("obfs4_drbg", "cryptoroutes.chooser"),
+                ("obfs2", "cryptoroutes.aes_ctr"), ("obfs3", "cryptoroutes.aes_ctr"),
+                ("obfs3", "cryptoroutes.chooser"),
                 # webtunnel: addr= read as every address is; its client's browser hello (curl
                 # behind a socketpair), checked by its JA4 at start-up
                 ("webtunnel", "addresses"), ("webtunnel", "browser_tls"), ("browser_tls", "tlswire")}
@@ -71,23 +80,25 @@ def imports(tree):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
-            if node.module == TEACHING:
-                names = ["%s.%s" % (TEACHING, alias.name) for alias in node.names]
+            if node.module in PACKAGES:
+                names = ["%s.%s" % (node.module, alias.name) for alias in node.names]
         else:
             continue
         for name in names:
             parts = name.split(".")
-            name = ".".join(parts[:2]) if parts[0] == TEACHING else parts[0]
+            name = ".".join(parts[:2]) if parts[0] in PACKAGES else parts[0]
             found[name] = found.get(name, True) and id(node) in inside
     return found
 
 
 def sources(folder):
-    """{module: path}: the root's *.py by name, teaching/*.py as teaching.<name>."""
+    """{module: path}: the root's *.py by name, teaching/*.py as teaching.<name>,
+    cryptoroutes/*.py as cryptoroutes.<name>."""
     folder = Path(folder)
     paths = {path.stem: path for path in sorted(folder.glob("*.py"))}
-    for path in sorted((folder / TEACHING).glob("*.py")):
-        paths[TEACHING if path.stem == "__init__" else "%s.%s" % (TEACHING, path.stem)] = path
+    for package in PACKAGES:
+        for path in sorted((folder / package).glob("*.py")):
+            paths[package if path.stem == "__init__" else "%s.%s" % (package, path.stem)] = path
     return paths
 
 
@@ -112,6 +123,10 @@ def build_graph(folder, outside=None, lazy=None):
 
 def is_teaching(module):
     return module == TEACHING or module.startswith(TEACHING + ".")
+
+
+def is_crypto(module):
+    return module == CRYPTO or module.startswith(CRYPTO + ".")
 
 
 def find_cycle(graph):
@@ -172,6 +187,11 @@ def violations(graph, outside=None, lazy=None):
             for dep in deps:
                 if (module, dep) not in LEAF_ALLOWED:
                     problems.append("%s is a sans-IO leaf but imports %s" % (module, dep))
+        if is_crypto(module):
+            for dep in deps:
+                if not is_crypto(dep):
+                    problems.append("%s is a crypto route but imports %s (the crypto routes "
+                                    "import nothing of ours outside %s/)" % (module, dep, CRYPTO))
     return problems
 
 

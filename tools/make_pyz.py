@@ -11,6 +11,7 @@ runs is exactly what is inside. What goes in:
 
     *.py at the checkout's root         the runtime (client, server, managed) and, while
                                         they live there, the teaching modules
+    cryptoroutes/**/*.py                the runtime's crypto routes
     teaching/**/*.py, if present        the teaching modules (demo, unmask, detect)
     docopt                              the command line's parser, copied from the Python
                                         running this script (docopt-ng), with its licence
@@ -22,10 +23,10 @@ runs is exactly what is inside. What goes in:
                                         (a different magic number) and compiles the .py
 
 The crypto needs no package: each primitive chooses its route at import by known
-answers (libcrypto through ctypes, or pure Python; pycryptodome or PyNaCl only when the
-target has them and ``-S`` is left off). The build is reproducible: entries are sorted,
-their dates fixed, and the bytecode is hash-checked against its source rather than
-dated.
+answers (the system's libcrypto, libsodium, nettle or libgcrypt through ctypes, or pure
+Python; pycryptodome or PyNaCl only when the target has them and ``-S`` is left off).
+The build is reproducible: entries are sorted, their dates fixed, and the bytecode is
+hash-checked against its source rather than dated.
 """
 
 import argparse
@@ -57,15 +58,18 @@ class BuildError(Exception):
 
 
 def project_files(root):
-    """{name in the archive: path} for the root's *.py and teaching/**/*.py."""
+    """{name in the archive: path} for the root's *.py, cryptoroutes/**/*.py and
+    teaching/**/*.py."""
     files = {path.name: path for path in sorted(root.glob("*.py"))}
     if "obfsproxy.py" not in files:
         raise BuildError("%s has no obfsproxy.py: run this from a checkout" % root)
-    teaching = root / "teaching"
-    if teaching.is_dir():
-        for path in sorted(teaching.rglob("*.py")):
-            if "__pycache__" not in path.parts:
-                files[path.relative_to(root).as_posix()] = path
+    if not (root / "cryptoroutes" / "__init__.py").is_file():
+        raise BuildError("%s has no cryptoroutes/ (the crypto routes): run this from a whole checkout" % root)
+    for folder in (root / "cryptoroutes", root / "teaching"):
+        if folder.is_dir():
+            for path in sorted(folder.rglob("*.py")):
+                if "__pycache__" not in path.parts:
+                    files[path.relative_to(root).as_posix()] = path
     return files
 
 

@@ -1,10 +1,10 @@
-"""pure_aes.py: AES (FIPS-197) encryption and AES-CTR in pure Python, the last resort.
+"""cryptoroutes/pure_aes.py: AES (FIPS-197) encryption and AES-CTR in pure Python, the last resort.
 
 obfs2 and obfs3 encrypt every byte with AES-128-CTR. Where neither pycryptodome nor a
 libcrypto reachable through ``ctypes`` is there (a Python built without ``_ctypes``,
 or without ``ssl``), this module keeps them working, slowly: CTR mode needs only the
 forward cipher, done here with the classic four 256-entry tables (each round of a
-column is four table look-ups and four XORs). accel.py uses it only after the
+column is four table look-ups and four XORs). cryptoroutes/chooser.py uses it only after the
 NIST SP 800-38A answers, and says in the route report when it does.
 
 Python integers are not constant time and the table look-ups depend on the key: a
@@ -91,6 +91,14 @@ def _encrypt_words(rk, s0, s1, s2, s3):
             (S[s3 >> 24] << 24 | S[s0 >> 16 & 255] << 16 | S[s1 >> 8 & 255] << 8 | S[s2 & 255]) ^ rk[r + 3])
 
 
+def _bytes_of(buffer):
+    """A memoryview of ``buffer`` whose items are bytes (len() and slices count bytes)."""
+    view = memoryview(buffer)
+    if view.ndim == 1 and view.format in ("B", "b", "c"):
+        return view
+    return view.cast("B")
+
+
 class AesCtr:
     """AES-CTR over a whole 16-byte counter block that counts up as one 128-bit
     big-endian number; ``encrypt`` = ``decrypt`` = XOR with the keystream, with
@@ -119,9 +127,15 @@ class AesCtr:
         return stream[:size]
 
     def encrypt(self, data, output=None):
+        """data XOR the keystream; ``data`` and ``output`` are read and written as their
+        bytes, whatever the format of a memoryview."""
+        if type(data) is not bytes:
+            data = _bytes_of(data)
         size = len(data)
-        if output is not None and len(output) != size:
-            raise ValueError("output must have the length of the input")
+        if output is not None:
+            output = _bytes_of(output)
+            if len(output) != size:
+                raise ValueError("output must have the length of the input")
         stream = self._keystream(size)
         result = (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(size, "big")
         if output is None:

@@ -1,9 +1,9 @@
-"""libcrypto.py: OpenSSL's libcrypto through ``ctypes``, with no compiler and no package.
+"""cryptoroutes/libcrypto.py: OpenSSL's libcrypto through ``ctypes``, with no compiler and no package.
 
 Python's own ``ssl`` and ``hashlib`` modules are linked against a libcrypto, so wherever
 Python can speak TLS that library is on the machine; ``ctypes`` (standard library) can
 call it. This module finds it, binds the few functions the transports need, and offers
-them as small objects. It proves nothing itself: accel.py runs each one against known
+them as small objects. It proves nothing itself: cryptoroutes/chooser.py runs each one against known
 answers before any transport uses it, and a missing or wrong one is passed over.
 
 Where the library is (``find``), best first:
@@ -25,19 +25,18 @@ What it offers (each None when the library or the name is missing; OpenSSL >= 1.
                    (OpenSSL 3): a streaming SipHash
 ``modexp``         ``BN_mod_exp_mont_consttime``                obfs3's UniformDH,
                                                                 Elligator2's field power
-``AesEcb``         AES-ECB, ``EVP_CipherUpdate``                 the tests' reference AES
 =================  ===========================================  ===========================
 
 Measured against the other routes in one run (Python 3.11, OpenSSL 3.0, one core of
-a shared 2-core machine; each accel.py table puts the fastest first): AES-CTR set-up
+a shared 2-core machine; each cryptoroutes/chooser.py table puts the fastest first): AES-CTR set-up
 ~5 µs (pycryptodome ~11), 64 KiB in place ~6 GB/s (pycryptodome ~2.7); X25519 ~100-170
 µs with its EVP_PKEY set-up (pycryptodome ~155-260, PyNaCl ~50); Poly1305 of a frame
 ~8 µs (pycryptodome ~35); a DRBG block ~3.5 µs in a batch (Python ~11); obfs3's
 1536-bit power ~1.1 ms (pycryptodome ~1.8, pow() ~11).
 
 Every native object is freed: a context that lives with a Python object is freed by a
-``weakref.finalize`` when the object goes (``live_objects()`` counts them, and the
-tests prove it returns to where it was); the one-shot calls free theirs before they
+``weakref.finalize`` when the object goes (``_live`` counts them, and the tests prove
+it returns to where it was); the one-shot calls free theirs before they
 return, failure or not. Errors are cleared from OpenSSL's per-thread queue.
 """
 
@@ -48,13 +47,10 @@ import os
 import sys
 import weakref
 
+from cryptoroutes import syslib
+
 _c_int, _c_size_t, _c_void_p, _c_char_p = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
-_live = [0]     # native contexts still owned by a Python object (for the leak test)
-
-
-def live_objects():
-    """How many native contexts made here are still waiting to be freed."""
-    return _live[0]
+_live = [0]     # native contexts still owned by a Python object (the tests read it)
 
 
 def library_files(platform=sys.platform):
@@ -73,8 +69,8 @@ def library_files(platform=sys.platform):
         else:
             files.append(path)
     system = ctypes.util.find_library("crypto") or ctypes.util.find_library("libcrypto")
-    if system:
-        files.append(system)
+    if system and not (platform == "darwin" and syslib.is_unversioned_dylib(system)):
+        files.append(system)        # (macOS aborts the process that opens /usr/lib/libcrypto.dylib)
     return list(dict.fromkeys(files))
 
 
@@ -111,15 +107,9 @@ def version(lib):
 
 
 def _readable(data):
-    """A pointer-like argument for ``data`` (bytes as they are; others copied if
-    read-only) and its length."""
-    if type(data) is bytes:
-        return data, len(data)
-    try:
-        return (ctypes.c_char * len(data)).from_buffer(data), len(data)
-    except TypeError:       # read-only (a memoryview of bytes): one copy
-        data = bytes(data)
-        return data, len(data)
+    """A pointer-like argument for ``data`` and its length in bytes (syslib.readable:
+    items that are not bytes count by their bytes)."""
+    return syslib.readable(data)
 
 
 class Bindings:
@@ -218,13 +208,13 @@ def make_aes_ctr(bindings):
         def encrypt(self, data, output=None):
             """data XOR the next len(data) keystream bytes: bytes, or None when written
             into ``output``."""
-            size = len(data)
+            size = len(data) if type(data) is bytes else memoryview(data).nbytes
             if output is None:
                 out = buffer_of(size)
-            elif len(output) != size:
+            elif memoryview(output).nbytes != size:
                 raise ValueError("output must have the length of the input")
             else:
-                out = (char * size).from_buffer(output)
+                out = (char * size).from_buffer(memoryview(output).cast("B"))
             source, _ = (out, size) if output is data else _readable(data)
             ctx, length = self._ctx, self._out_length
             if size <= chunk:
@@ -234,7 +224,7 @@ def make_aes_ctr(bindings):
                 address, offset_of = ctypes.addressof(out), ctypes.c_char_p
                 for offset in range(0, size, chunk):
                     part = min(chunk, size - offset)
-                    source_part = bytes(memoryview(data)[offset:offset + part])
+                    source_part = bytes(memoryview(data).cast("B")[offset:offset + part])
                     if update(ctx, address + offset, length, offset_of(source_part), part) != 1:
                         _failed(bindings, "EVP_EncryptUpdate failed")
             return out.raw if output is None else None
@@ -251,10 +241,25 @@ def make_aes_ctr(bindings):
 EVP_PKEY_X25519 = 1034          # NID_X25519
 
 
+P25519 = (1 << 255) - 19
+# The u of the points of order 1, 2, 4 and 8 (mod p): X25519 of any clamped scalar with
+# them is 0, which OpenSSL refuses to derive.
+LOW_ORDER_U = frozenset([0, 1, P25519 - 1,
+                         325606250916557431795983626356110631294008115727848805560023387167927233504,
+                         39382357235489614581723060781553021112529911719440698176882885853963445705823])
+
+
+def is_low_order(u32):
+    """True if ``u32`` (bit 255 ignored, read mod p, as RFC 7748 reads it) is a low-order u."""
+    return (int.from_bytes(bytes(u32), "little") & ((1 << 255) - 1)) % P25519 in LOW_ORDER_U
+
+
 def make_x25519(bindings):
     """x25519(scalar32, u32) -> 32 bytes through EVP_PKEY_derive, or None. OpenSSL
     clamps the scalar and ignores bit 255 of u (RFC 7748); it refuses an all-zero
-    result (a low-order u), for which we return 32 zero bytes, the ladder's answer."""
+    result (a low-order u), for which we return 32 zero bytes, the ladder's answer.
+    Any other failure raises: zeros there would pass for a result (a bridge's public
+    key of 0)."""
     b = bindings
     names = (b.EVP_PKEY_new_raw_private_key, b.EVP_PKEY_new_raw_public_key, b.EVP_PKEY_free,
              b.EVP_PKEY_CTX_new, b.EVP_PKEY_CTX_free, b.EVP_PKEY_derive_init,
@@ -280,7 +285,9 @@ def make_x25519(bindings):
             clear()
             if not (ours and peer and ctx):
                 raise MemoryError("libcrypto could not make an X25519 key")
-            return bytes(32)        # refused: a low-order u, whose product is 0
+            if is_low_order(u32):
+                return bytes(32)    # refused: a low-order u, whose product is 0
+            raise ValueError("libcrypto's X25519 derive failed")
         finally:
             for free, pointer in ((ctx_free, ctx), (pkey_free, peer), (pkey_free, ours)):
                 if pointer:
@@ -350,9 +357,9 @@ def make_siphash_stream(bindings):
         _live[0] -= 1
 
     class SipHashStream:
-        """SipHash-2-4 (8-byte output) under ``key16``: ``update(data)`` absorbs,
-        ``digest()`` finishes a duplicate of the state (EVP_MAC_CTX_dup), so the
-        stream goes on; ``blocks(m, count)`` is obfs4's DRBG loop in the same calls."""
+        """SipHash-2-4 (8-byte output) under ``key16``, one state that absorbs and is
+        never reset: ``blocks(m, count)`` is obfs4's DRBG loop, each digest taken
+        from a duplicate of the state (EVP_MAC_CTX_dup), so the stream goes on."""
 
         def __init__(self, key16):
             if len(key16) != 16:
@@ -368,23 +375,6 @@ def make_siphash_stream(bindings):
                 _failed(b, "EVP_MAC_init(SIPHASH) failed")
             self._ctx, self._params = ctx, keep_alive
             self._out, self._length = ctypes.create_string_buffer(8), _c_size_t(0)
-
-        def update(self, data):
-            data = bytes(data)
-            if mac_update(self._ctx, data, len(data)) != 1:
-                _failed(b, "EVP_MAC_update failed")
-
-        def digest(self):
-            """SipHash of everything absorbed so far (8 bytes); the state is kept."""
-            copy = ctx_dup(self._ctx)
-            if not copy:
-                _failed(b, "EVP_MAC_CTX_dup failed")
-            try:
-                if mac_final(copy, self._out, ctypes.byref(self._length), 8) != 1 or self._length.value != 8:
-                    _failed(b, "EVP_MAC_final failed")
-            finally:
-                ctx_free(copy)
-            return self._out.raw
 
         def blocks(self, block, count):
             """obfs4's DRBG: ``count`` times absorb the 8-byte ``block`` and let the
@@ -471,55 +461,3 @@ def make_modexp(bindings):
             if ctx:
                 ctx_free(ctx)
     return modexp
-
-
-# --------------------------------------------------------------------------------------
-# AES-ECB (the tests' reference block cipher, and stress.py's)
-# --------------------------------------------------------------------------------------
-
-def make_aes_ecb(bindings):
-    """The ``AesEcb`` class (whole 16-byte blocks, no padding), or None."""
-    b, lib = bindings, bindings.lib
-    ciphers = {}
-    for bits in (128, 192, 256):
-        get = _bind(lib, "EVP_aes_%d_ecb" % bits, _c_void_p)
-        ciphers[bits // 8] = get() if get else None
-    init = _bind(lib, "EVP_CipherInit_ex", _c_int, _c_void_p, _c_void_p, _c_void_p, _c_char_p, _c_char_p,
-                 _c_int)
-    update = _bind(lib, "EVP_CipherUpdate", _c_int, _c_void_p, _c_void_p, ctypes.POINTER(_c_int), _c_char_p,
-                   _c_int)
-    padding = _bind(lib, "EVP_CIPHER_CTX_set_padding", _c_int, _c_void_p, _c_int)
-    if not (init and update and padding and b.EVP_CIPHER_CTX_new and ciphers.get(16)):
-        return None
-
-    class AesEcb:
-        """AES on whole blocks: ``encrypt`` and ``decrypt`` (FIPS-197's cipher and its
-        inverse), a context per call, freed before it returns."""
-
-        def __init__(self, key):
-            if ciphers.get(len(key)) is None:
-                raise ValueError("AES takes a 16, 24 or 32-byte key")
-            self._key = bytes(key)
-
-        def _run(self, data, encrypt):
-            data = bytes(data)
-            if len(data) % 16:
-                raise ValueError("AES-ECB takes whole 16-byte blocks")
-            ctx = b.EVP_CIPHER_CTX_new()
-            try:
-                out, length = ctypes.create_string_buffer(len(data) + 16), _c_int(0)
-                if not ctx or init(ctx, ciphers[len(self._key)], None, self._key, None, encrypt) != 1 or \
-                        padding(ctx, 0) != 1 or update(ctx, out, ctypes.byref(length), data, len(data)) != 1:
-                    _failed(b, "AES-ECB failed")
-                return out.raw[:length.value]
-            finally:
-                if ctx:
-                    b.EVP_CIPHER_CTX_free(ctx)
-
-        def encrypt(self, data):
-            return self._run(data, 1)
-
-        def decrypt(self, data):
-            return self._run(data, 0)
-
-    return AesEcb

@@ -1,4 +1,4 @@
-"""pure_salsa20.py: Salsa20/20 in pure Python, many 64-byte blocks at once.
+"""cryptoroutes/pure_salsa20.py: Salsa20/20 in pure Python, many 64-byte blocks at once.
 
 Salsa20 is not in OpenSSL, so where neither PyNaCl nor pycryptodome is installed the
 obfs4 frame cipher (XSalsa20-Poly1305, obfs4_crypto.py) runs it here. One block is 20
@@ -198,7 +198,10 @@ def xor(data, stream):
 
 
 def salsa20_xor(key32, nonce8, data):
-    """Salsa20/20(key32, nonce8) from block 0, XORed with ``data``."""
+    """Salsa20/20(key32, nonce8) from block 0, XORed with ``data`` (read as its bytes,
+    whatever the format of a memoryview)."""
+    if type(data) is not bytes:
+        data = memoryview(data).cast("B") if memoryview(data).c_contiguous else bytes(memoryview(data))
     return xor(data, keystreams(key32, [(nonce8, len(data))])[0])
 
 
@@ -207,16 +210,3 @@ def salsa20_xor_many(key32, messages):
     streams = keystreams(key32, [(nonce8, len(data)) for nonce8, data in messages])
     return [xor(data, stream) for (_, data), stream in zip(messages, streams)]
 
-
-def salsa20_xor_one_block_at_a_time(key32, nonce8, data):
-    """The same as ``salsa20_xor``, each block on its own (lanes of one): the baseline
-    that the side-by-side computation is measured against, and a second opinion in
-    the tests."""
-    out = []
-    for block in range(-(-len(data) // 64)):
-        counter = struct.pack("<Q", block)
-        state = struct.unpack("<16I", struct.pack("<4I", SIGMA[0], *struct.unpack("<3I", key32[:12]))
-                              + key32[12:16] + struct.pack("<I", SIGMA[1]) + nonce8 + counter
-                              + struct.pack("<I", SIGMA[2]) + key32[16:32] + struct.pack("<I", SIGMA[3]))
-        out.append(_core(state, 1))
-    return xor(data, b"".join(out)[:len(data)])

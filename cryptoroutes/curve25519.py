@@ -1,4 +1,4 @@
-r"""curve25519.py: obfs4's keys: X25519, the "dirty" public keys of obfs4proxy 0.0.14, and
+r"""cryptoroutes/curve25519.py: obfs4's keys: X25519, the "dirty" public keys of obfs4proxy 0.0.14, and
 Elligator2 in its exact variant, so that public keys on the wire look like uniformly
 random bytes (obfs4-spec 2.2, 7.5, 7.6).
 
@@ -37,17 +37,19 @@ two top bits of its own representatives from ``tweak & 0xC0``; its public keys c
 torsion term chosen by the *unclamped* low bits of the private key (versions up to
 0.0.13 clamped first, so the term was always the identity).
 
-Routes (accel.py says how each is chosen)
+Routes (chooser.py says how each is chosen)
 -----------------------------------------
 =============  ==========================================  ====================================
 piece          candidates, fastest first                   used for
 =============  ==========================================  ====================================
 X25519         PyNaCl ``crypto_scalarmult``;               ntor: two per handshake and side
+               libsodium ``crypto_scalarmult`` (ctypes);
                libcrypto ``EVP_PKEY_derive`` (ctypes);
                pycryptodome ``Crypto.Protocol.DH``;
                pure Python
 edwards25519   PyNaCl ``crypto_scalarmult_ed25519_base``   ``dirty_public_key``: about two per
                + ``crypto_core_ed25519_add``;              keypair (the rejection loop)
+               the same from libsodium (ctypes);
                pycryptodome ``EccPoint``; pure Python
 Elligator2     the field power of the inverse map:         ``elligator2_inverse``: about two
                libcrypto ``BN_mod_exp_mont_consttime``;    per keypair
@@ -66,14 +68,14 @@ PyNaCl, ~0.2 ms on pycryptodome alone.
 import hashlib
 import os
 
-import accel
+from cryptoroutes import chooser
 
-accel.check_setting()     # a bad OBFSPROXY_CRYPTO stops here, in one line
+chooser.check_setting()     # a bad OBFSPROXY_CRYPTO stops here, in one line
 
-# The accelerator and the route chooser (accel.py), by the names the code below uses.
-_nacl, _NaClError, _PASSED_OVER = accel.nacl, accel.NaClError, accel.PASSED_OVER
-_choose, _answers, _gives = accel.choose, accel.answers, accel.gives
-_DH, _Integer, _lib_x25519 = accel.DH, accel.Integer, accel.lib_x25519
+# The route chooser (chooser.py), by the names the code below uses.
+_nacl, _NaClError, _PASSED_OVER = chooser.nacl, chooser.NaClError, chooser.PASSED_OVER
+_choose, _answers, _gives = chooser.choose, chooser.answers, chooser.gives
+_DH, _Integer, _lib_x25519 = chooser.DH, chooser.Integer, chooser.lib_x25519
 
 # --------------------------------------------------------------------------------------
 # Field arithmetic mod p = 2^255 - 19
@@ -87,10 +89,27 @@ HALF_P = (P - 1) // 2                       # field elements above this are "neg
 M255 = (1 << 255) - 1
 
 
-def _inv(x):
-    """1 / x mod p (extended Euclid; ~6x faster than x^(p-2)), and 0 for x = 0 as x^(p-2) gives."""
+def _inv_euclid(x):
+    """1 / x mod p by pow(x, -1, p) (extended Euclid, Python 3.8 and newer; ~6x faster
+    than x^(p-2)), and 0 for x = 0 as x^(p-2) gives."""
     x %= P
-    return pow(x, -1, P) if x else 0
+    return pow(x, -1, P) if x else 0  # novermin (used only where pow() takes -1: _pow_takes_inverse)
+
+
+def _inv_fermat(x):
+    """1 / x mod p as x^(p-2) (Fermat), for Pythons whose pow() takes no negative
+    exponent (3.6, 3.7); 0 for x = 0."""
+    return pow(x % P, P - 2, P)
+
+
+def _pow_takes_inverse():
+    try:
+        return pow(3, -1, 7) == 5  # novermin (the probe: 3.7 and older raise)
+    except (TypeError, ValueError):     # 3.7 and older: "cannot be negative when 3rd argument specified"
+        return False
+
+
+_inv = _inv_euclid if _pow_takes_inverse() else _inv_fermat
 
 
 def _is_square(x):
@@ -225,9 +244,11 @@ _X25519_ANSWERS = [
 
 
 def _x25519_route():
-    """X25519: PyNaCl, else libcrypto's (~100 µs with its EVP_PKEY set-up, where
-    pycryptodome's DH takes ~150), else pycryptodome's DH, else the pure ladder."""
+    """X25519: PyNaCl, else the system's libsodium through ctypes (the same C), else
+    libcrypto's (~100 µs with its EVP_PKEY set-up, where pycryptodome's DH takes ~150),
+    else pycryptodome's DH, else the pure ladder."""
     return _choose([(_x25519_nacl if _nacl else None, "PyNaCl crypto_scalarmult"),
+                    (chooser.sodium_x25519, "libsodium crypto_scalarmult"),
                     (_lib_x25519, "libcrypto EVP_PKEY_derive"),
                     (_x25519_pycryptodome if _DH else None, "pycryptodome Crypto.Protocol.DH"),
                     (_x25519_pure, "pure Python")], _answers(_X25519_ANSWERS))
@@ -308,14 +329,14 @@ _ELLIGATOR2_ANSWERS = [((bytes.fromhex(u), tweak), r and bytes.fromhex(r)) for u
 def _field_pow_libcrypto(x, exponent):
     """x^exponent mod p with libcrypto's BN_mod_exp_mont_consttime (~40 µs through ctypes
     where pycryptodome's Integer takes ~60 and pow() ~160, measured in one run)."""
-    return accel.lib_modexp(x, exponent, P)
+    return chooser.lib_modexp(x, exponent, P)
 
 
 def _elligator2_route():
     """The field power of Elligator2's inverse map: libcrypto's, else pycryptodome's
     Integer, else pow(), each proven through the whole map on the vectors."""
     name = "pycryptodome Integer (%s)" % getattr(_Integer, "__name__", "missing")
-    libcrypto = _field_pow_libcrypto if accel.lib_modexp else None
+    libcrypto = _field_pow_libcrypto if chooser.lib_modexp else None
     return _choose([(libcrypto, "libcrypto BN_mod_exp_mont_consttime"),
                     (_field_pow_pycryptodome if _Integer else None, name), (_field_pow_pure, "pure Python")],
                    lambda power: _gives(lambda u32, tweak: _elligator2_inverse(u32, tweak, power),
@@ -386,7 +407,7 @@ def _dirty_u_pure(priv32):
 
 def _make_dirty_u_pycryptodome():
     """The same with pycryptodome's public EccPoint on "Ed25519" (>= 3.15)."""
-    EccPoint = accel.pycryptodome("PublicKey.ECC", "EccPoint")
+    EccPoint = chooser.pycryptodome("PublicKey.ECC", "EccPoint")
     base = EccPoint(ED_GX, ED_GY, curve="Ed25519")
     torsion = [EccPoint(x, y, curve="Ed25519") for x, y in TORSION]
 
@@ -454,9 +475,29 @@ _EDWARDS_ANSWERS = [((bytes.fromhex(priv),), bytes.fromhex(u)) for priv, u in (
      "df035ae1494d7c550bd5d896372f8df941a85b7dc2d8dd85961e80d7abdef370"))]
 
 
+def _make_dirty_u_sodium(ed25519):
+    """``_dirty_u_nacl``'s two steps on the system's libsodium through ctypes
+    (chooser.sodium_ed25519: base and add)."""
+    base, add = ed25519
+
+    def _dirty_u_sodium(priv32):
+        """u of clamp(priv)·G + T[priv[0] & 7], libsodium through ctypes."""
+        point = base(_bytes32(_clamp(priv32)))
+        index = priv32[0] & 7
+        if index:
+            point = add(point, _TORSION_ENCODED[index])
+        return _bytes32(_u_from_edwards(int.from_bytes(point, "little") & M255))
+    return _dirty_u_sodium
+
+
+_dirty_u_sodium = _make_dirty_u_sodium(chooser.sodium_ed25519) if chooser.sodium_ed25519 else None
+
+
 def _edwards_route():
-    """The dirty key's Edwards work: PyNaCl, else pycryptodome's EccPoint, else pure Python."""
+    """The dirty key's Edwards work: PyNaCl, else the system's libsodium through ctypes,
+    else pycryptodome's EccPoint, else pure Python."""
     return _choose([(_dirty_u_nacl if _nacl else None, "PyNaCl crypto_scalarmult_ed25519_base"),
+                    (_dirty_u_sodium, "libsodium crypto_scalarmult_ed25519_base"),
                     (None if _dirty_u_pycryptodome is _dirty_u_unavailable else _dirty_u_pycryptodome,
                      "pycryptodome EccPoint"),
                     (_dirty_u_pure, "pure Python")], _answers(_EDWARDS_ANSWERS))
