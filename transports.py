@@ -150,6 +150,7 @@ from pathlib import Path
 
 import obfs2
 import obfs3
+import meek
 import obfs4
 import webtunnel
 
@@ -206,6 +207,8 @@ def _no_options(name, options):
 
 
 TRANSPORTS = {
+    "meek": meek.Meek,
+    "meek_lite": meek.MeekLite,
     "webtunnel": webtunnel.WebTunnel,
     "obfs4": obfs4.Obfs4,
     "obfs3": obfs3.Obfs3,
