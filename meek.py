@@ -368,13 +368,13 @@ def clean_path(target):
 def answer(request, date=None):
     """The server's answer to a request that is not a meek POST (bytes), or None for
     a POST whose session id is acceptable (the caller then serves the session)."""
-    head = request.method == "HEAD"
+    head, close = request.method == "HEAD", not request.keep_alive
     if request.method == "GET":
         if clean_path(request.target) == "/":
-            return go_response(200, COVER_PAGE, date=date)
-        return go_error(404, "404 page not found", date=date)
+            return go_response(200, COVER_PAGE, date=date, close=close)
+        return go_error(404, "404 page not found", date=date, close=close)
     if request.method != "POST" or len(session_id_of(request)) < MIN_SESSION_ID:
-        return go_error(400, "Bad request.", date=date, head=head)
+        return go_error(400, "Bad request.", date=date, head=head, close=close)
     return None
 
 
@@ -659,6 +659,11 @@ class Meek:
         messages = self.feed_responses(data)
         if not messages:
             return b""
+        kind = (messages[0].fields.get("content-type") or ["none"])[0]
+        if kind.lower() != OCTETS:
+            # A web server's page (nginx's cover on another path) is no meek server's answer.
+            raise self._fail("the server answered 200 with a page (Content-Type %s), not a meek "
+                             "server's bytes (%s): check the path of url=" % (kind[:40], OCTETS))
         self.state = OPEN
         return b"".join(message.body for message in messages)
 
@@ -1132,11 +1137,13 @@ class ServerConnection(_Owned):
                 if data == b"" and session.tor_eof:
                     session.done_with(self)
                     session.end()
-                    self._respond(go_error(500, "Internal server error.", date=self._date()))
+                    self._respond(go_error(500, "Internal server error.", date=self._date(),
+                                       close=not self.request_keep_alive))
                     continue
                 self.up.count += len(data or b"")     # from Tor (a Relay's up direction)
                 session.done_with(self)
-                self._respond(go_response(200, data or b"", content_type=OCTETS, date=self._date()))
+                self._respond(go_response(200, data or b"", content_type=OCTETS, date=self._date(),
+                                          close=not self.request_keep_alive))
                 continue
             return
 
@@ -1173,7 +1180,8 @@ class ServerConnection(_Owned):
         if full:
             log.warning("meek: refusing a new session: %d sessions open (max-sessions=)",
                         self.config.max_sessions)
-            self._respond(go_error(500, "Internal server error.", date=self._date()))
+            self._respond(go_error(500, "Internal server error.", date=self._date(),
+                                       close=not self.request_keep_alive))
             return
         self.session = session
         session.waiters.append(self)
@@ -1194,7 +1202,8 @@ class ServerConnection(_Owned):
         session, self.session, self.until = self.session, None, None
         if session is not None:
             session.done_with(self)
-        self._respond(go_error(500, "Internal server error.", date=self._date()))
+        self._respond(go_error(500, "Internal server error.", date=self._date(),
+                                       close=not self.request_keep_alive))
 
     def _write(self):
         try:

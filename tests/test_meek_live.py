@@ -150,3 +150,199 @@ def test_meek_lite_through_nginx_carries_megabytes_exact_both_ways(parts):
     with socks5_connect(socks, PLACEHOLDER, args=args_of(front)) as sock:
         assert sha(echo_round_trip(sock, data)) == sha(data)
     assert dest.accepted == 1
+
+
+@pytest.mark.slow
+def test_meek_lite_carries_64_mib_each_way(parts):
+    """64 MiB up, then 64 MiB down, each checked by SHA-256 at the other end."""
+    from peers import Destination, one_way_each, transfer_each_way
+    size = 64 << 20
+    up, down = payload(size, seed=3), payload(size, seed=4)
+    dest = parts.stack.enter_context(Destination(one_way_each(down, size)))
+    server = parts.server(dest)
+    front = parts.nginx(server.address)
+    socks = parts.meek_lite()
+    with socks5_connect(socks, PLACEHOLDER, args=args_of(front), timeout=600) as sock:
+        took = transfer_each_way(sock, dest, up, down)
+    print("\nmeek_lite -> nginx -> our meek server, 64 MiB: up %.1f s, down %.1f s"
+          % (took["up"], took["down"]))
+
+
+# --- Our client, in each mode -----------------------------------------------------------
+
+class Client:
+    """Our meek client: "socks" (the bridge line's arguments per connection), "bridge"
+    (--bridge, no SOCKS) or "managed" (Tor's CMETHOD)."""
+
+    def __init__(self, parts, kind, front, *extra):
+        self.kind, self.front = kind, front
+        url, dial = url_of(front)
+        env = parts.env()
+        if kind == "socks":
+            self.address = parts.program("client", "client", "--transport=meek", "127.0.0.1:0",
+                                         *extra, env=env).address
+        elif kind == "bridge":
+            line = "meek %s:%d %s url=%s front=%s" % (PLACEHOLDER + (FINGERPRINT, url, dial))
+            self.address = parts.program("client", "client", "--bridge=" + line, "127.0.0.1:0",
+                                         *extra, env=env).address
+        else:
+            variables = client_env(parts.tmp_path, transports="meek")
+            variables["SSL_CERT_FILE"] = env["SSL_CERT_FILE"]
+            self.address = parts.managed(variables, *extra, label="managed client").cmethods["meek"]
+
+    def connect(self, args=None):
+        if self.kind == "bridge":
+            return socket.create_connection(self.address, timeout=30)
+        return socks5_connect(self.address, PLACEHOLDER, args=args or args_of(self.front))
+
+
+@pytest.mark.parametrize("kind", ["socks", "bridge", "managed"])
+def test_our_client_through_nginx_carries_megabytes_exact_both_ways(parts, kind):
+    dest, _, front = parts.bridge()
+    client = Client(parts, kind, front)
+    data = payload(4 << 20, seed=5)
+    with client.connect() as sock:
+        assert sha(echo_round_trip(sock, data)) == sha(data)
+    assert dest.accepted == 1
+
+
+def test_our_client_to_our_server_terminating_tls_itself(parts):
+    """tls-cert= mode: no front; url= is the server's own https address."""
+    dest = parts.dest()
+    server = parts.server(dest, "tls-cert=%s;tls-key=%s" % (parts.ca.cert_file, parts.ca.key_file))
+    client = parts.program("client", "client", "--transport=meek", "127.0.0.1:0", env=parts.env())
+    args = "url=https://%s%s;front=127.0.0.1:%d" % (NAME, PATH, server.address[1])
+    data = payload(1 << 20, seed=6)
+    with socks5_connect(client.address, PLACEHOLDER, args=args) as sock:
+        assert sha(echo_round_trip(sock, data)) == sha(data)
+
+
+def test_a_wrong_path_fails_the_socks_request_and_says_what_to_check(parts):
+    """nginx's cover page answers every other path with 200 and HTML: the client refuses
+    it before the SOCKS reply, and its log says to check the path of url=."""
+    _, _, front = parts.bridge()
+    client = parts.program("client", "client", "--transport=meek", "127.0.0.1:0", env=parts.env())
+    args = "url=https://%s/elsewhere;front=127.0.0.1:%d" % (NAME, front.address[1])
+    with pytest.raises(SocksReplyError):
+        socks5_connect(client.address, PLACEHOLDER, args=args).close()
+    client.log.wait_for(r"not a meek server's bytes .*check the path of url=")
+
+
+# --- The bridge's answers and limits ------------------------------------------------------
+
+def exchange(address, data):
+    """Send ``data`` on a new connection and read the answer until the server closes."""
+    with socket.create_connection(address, timeout=20) as sock:
+        sock.sendall(data)
+        return recv_all(sock)
+
+
+def post(sid, body=b"", close=True):
+    return (b"POST / HTTP/1.1\r\nHost: b.test\r\nX-Session-Id: %s\r\nContent-Length: %d\r\n%s\r\n%s"
+            % (sid, len(body), b"Connection: close\r\n" if close else b"", body))
+
+
+def test_the_answers_of_a_go_server(parts):
+    """GET / is the cover page, other paths Go's 404, other methods and a POST without a
+    session id Go's 400, bytes that are not HTTP Go's bare 400; nothing reaches Tor."""
+    dest = parts.dest()
+    server = parts.server(dest)
+    address = server.address
+    cover = exchange(address, b"GET / HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n")
+    assert re.match(rb"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                    rb"Connection: close\r\nDate: [^\r]+ GMT\r\nContent-Length: 38\r\n\r\n"
+                    rb"I\xe2\x80\x99m just a happy little web server.\n\Z", cover), cover
+    missing = exchange(address, b"GET /robots.txt HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n")
+    assert missing.startswith(b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                              b"X-Content-Type-Options: nosniff\r\n")
+    assert missing.endswith(b"\r\n\r\n404 page not found\n")
+    for request in (b"PUT / HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n", post(b"short")):
+        bad = exchange(address, request)
+        assert bad.startswith(b"HTTP/1.1 400 Bad Request\r\n") and bad.endswith(b"Bad request.\n")
+    garbage = exchange(address, b"\x16\x03\x01\x02\x00garbage\r\n\r\n")
+    assert garbage == (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                       b"Connection: close\r\n\r\n400 Bad Request")
+    assert dest.accepted == 0
+
+
+def test_sessions_are_kept_apart_and_an_idle_one_closes_on_time(parts):
+    """Two session ids, two destination connections, each with its own bytes; with
+    session-idle=1 the destination sees each session end once nothing comes."""
+    ended = []
+    done = threading.Semaphore(0)
+
+    def echo_until_end(conn):
+        while True:
+            data = conn.recv(65536)
+            if not data:
+                break
+            conn.sendall(data)
+        ended.append(time.monotonic())
+        done.release()
+    dest = parts.dest(echo_until_end)
+    server = parts.server(dest, "session-idle=1")
+    with socket.create_connection(server.address, timeout=20) as sock:
+        for sid, body in ((b"a" * 32, b"first"), (b"b" * 32, b"second")):
+            sock.sendall(post(sid, body, close=False))
+            answer = b""
+            while not answer.endswith(b"\r\n\r\n" + body):   # the echo within the turnaround, or a poll
+                chunk = sock.recv(65536)
+                assert chunk, answer
+                answer += chunk
+                if answer.endswith(b"Content-Length: 0\r\n\r\n"):
+                    sock.sendall(post(sid, close=False))
+                    answer = b""
+        opened = time.monotonic()
+        assert done.acquire(timeout=30) and done.acquire(timeout=30), "an idle session stayed open"
+    assert dest.accepted == 2
+    assert min(ended) - opened >= 0.5
+
+
+def test_x_forwarded_for_becomes_useraddr_with_port_1(parts, tmp_path):
+    """Managed server with an Extended ORPort, behind nginx: Tor hears of the address
+    nginx saw, port 1, transport meek; obfs4proxy's meek_lite carries the data. The
+    session ends (session-idle=1 in ServerTransportOptions) and with it the record."""
+    cookie_file = tmp_path / "cookie"
+    ext = parts.stack.enter_context(ExtORPort(write_cookie(cookie_file)))
+    port = free_port()
+    pt = parts.managed(server_env(tmp_path, ("127.0.0.1", 1), transports="meek",
+                                  bindaddr="meek-127.0.0.1:%d" % port,
+                                  SERVER_TRANSPORT_OPTIONS="meek:session-idle=1",
+                                  EXTENDED_SERVER_PORT="%s:%d" % ext.address,
+                                  AUTH_COOKIE_FILE=str(cookie_file)),
+                       label="managed server")
+    assert pt.keywords() == ["VERSION", "SMETHOD", "SMETHODS DONE"]
+    front = parts.nginx(("127.0.0.1", port))
+    socks = parts.meek_lite()
+    with socks5_connect(socks, PLACEHOLDER, args=args_of(front)) as sock:
+        assert echo_round_trip(sock, b"through nginx") == b"through nginx"
+    session = ext.wait_session(timeout=60)
+    assert (session["useraddr"], session["transport"], session["done"]) == ("127.0.0.1:1", "meek", True)
+
+
+# --- A real Tor -------------------------------------------------------------------------
+
+SUCCESS = re.compile(r"^tor bootstrap through meek(?:_lite)?: client got the bridge descriptor "
+                     r"\((.*)\) \[(/tmp/torbs\.\w+)\]$", re.MULTILINE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", ["ours", "obfs4proxy"])
+def test_tor_bootstraps_through_nginx_and_meek(parts, client):
+    """tor-loopback.sh: the bridge's meek listens on PT_PORT behind nginx; the client's
+    Bridge line dials nginx with the test CA trusted (ours, or obfs4proxy's meek_lite)."""
+    import shutil
+    from support import OBFS4PROXY
+    port = free_port()
+    front = parts.nginx(("127.0.0.1", port))
+    url, dial = url_of(front)
+    status, output, seconds = bootstrap(
+        OURS if client == "ours" else OBFS4PROXY, OURS, "meek" if client == "ours" else "meek_lite",
+        PT_PORT=str(port), SSL_CERT_FILE=parts.ca.ca_file,
+        BRIDGE_ARGS="url=%s front=%s" % (url, dial))
+    print("\nmeek (%s client): tor-loopback.sh in %.1f s, exit status %d:\n%s"
+          % (client, seconds, status, output))
+    match = SUCCESS.search(output)
+    assert status == 0 and match, output
+    assert "ExtORPort auth ok" in match.group(1), match.group(1)
+    shutil.rmtree(match.group(2), ignore_errors=True)
