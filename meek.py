@@ -68,9 +68,7 @@ import re
 import ssl
 import time
 from collections import namedtuple
-from dataclasses import dataclass
 from email.utils import formatdate
-from typing import Optional, Tuple
 from urllib.parse import unquote, urlsplit
 
 import webtunnel
@@ -451,31 +449,26 @@ def status_advice(status):
 
 # --- Configuration ------------------------------------------------------------------
 
-@dataclass
 class ClientConfig:
-    """One client's: where it dials and what it asks for."""
+    """One client's: where it dials (``address``: front= or url='s host, and port; the
+    SNI ``servername``, None for http://), what it asks for (the ``host`` field,
+    url='s host[:port]; the request ``target``, url='s path and query), its TLS
+    ``context`` (ssl.SSLContext, or browser_tls.BrowserContext; None for http://)."""
 
-    url: str
-    scheme: str
-    host: str                          # the Host field: url='s host[:port]
-    target: str                        # the request target: url='s path and query
-    address: Tuple[str, int]           # where to dial: front= (or url='s host) and port
-    servername: Optional[str]          # the SNI (None: http://, or an IP address)
-    front: Optional[str]
-    context: object                    # ssl.SSLContext or browser_tls.BrowserContext; None: http
-    notes: Tuple[str, ...] = ()
+    def __init__(self, url, scheme, host, target, address, servername, front, context, notes=()):
+        self.url, self.scheme, self.host, self.target = url, scheme, host, target
+        self.address, self.servername, self.front = address, servername, front
+        self.context, self.notes = context, tuple(notes)
 
 
-@dataclass
 class ServerConfig:
-    """One listener's: its TLS (None behind a reverse proxy), limits and sessions."""
+    """One listener's: its TLS ``context`` (None behind a reverse proxy), its limits,
+    the ``clock`` that dates answers (None: no Date) and its ``sessions`` table."""
 
-    context: Optional[ssl.SSLContext]
-    session_idle: float = SESSION_IDLE
-    max_sessions: int = MAX_SESSIONS
-    clock: object = None               # seconds since the epoch, for Date; None: no Date
-    sessions: object = None            # meek_connection's table, made per listener
-    notes: Tuple[str, ...] = ()
+    def __init__(self, context, session_idle=SESSION_IDLE, max_sessions=MAX_SESSIONS, clock=None,
+                 sessions=None, notes=()):
+        self.context, self.session_idle, self.max_sessions = context, session_idle, max_sessions
+        self.clock, self.sessions, self.notes = clock, sessions, tuple(notes)
 
 
 def _split_host_port(text, default_port, what):
@@ -800,14 +793,13 @@ class MeekLite(Meek):
 # dial: a bridge's new session's connection to Tor, a client's next keep-alive
 # connection. They hand their result over and ``Pump.nudge`` the waiting object.
 
-import logging       # noqa: E402  (the I/O half of the module)
-import selectors     # noqa: E402
-import socket        # noqa: E402
-import threading     # noqa: E402
-from collections import deque   # noqa: E402
+import logging  # noqa: E402  (the I/O half of the module)
+import selectors  # noqa: E402
+import threading  # noqa: E402
+from collections import deque  # noqa: E402
 
-import outbound      # noqa: E402
-import relay as relay_   # noqa: E402
+import outbound  # noqa: E402
+import relay as relay_  # noqa: E402
 
 log = logging.getLogger("obfsproxy")
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
@@ -899,7 +891,7 @@ class Session(_Owned):
         if self.fresh:
             self.fresh = False
             self._nudge_waiter()
-        for sock, events in ready:
+        for _, events in ready:
             if events & WRITE and self.to_tor:
                 sent = self._send()
                 if sent and not self.to_tor:

@@ -148,9 +148,9 @@ import threading
 import time
 from pathlib import Path
 
+import meek
 import obfs2
 import obfs3
-import meek
 import obfs4
 import webtunnel
 

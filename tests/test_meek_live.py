@@ -17,7 +17,6 @@ import os
 import random
 import re
 import socket
-import ssl
 import threading
 import time
 
@@ -332,6 +331,7 @@ def test_tor_bootstraps_through_nginx_and_meek(parts, client):
     """tor-loopback.sh: the bridge's meek listens on PT_PORT behind nginx; the client's
     Bridge line dials nginx with the test CA trusted (ours, or obfs4proxy's meek_lite)."""
     import shutil
+
     from support import OBFS4PROXY
     port = free_port()
     front = parts.nginx(("127.0.0.1", port))
