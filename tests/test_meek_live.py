@@ -346,3 +346,105 @@ def test_tor_bootstraps_through_nginx_and_meek(parts, client):
     assert status == 0 and match, output
     assert "ExtORPort auth ok" in match.group(1), match.group(1)
     shutil.rmtree(match.group(2), ignore_errors=True)
+
+
+# --- Idle sessions: no thread, bounded memory, closed on time ------------------------------
+
+class Counting:
+    """A destination on one thread and one selector: counts connections accepted and
+    ended (no thread per connection, so a thousand cost the test nothing)."""
+
+    def __init__(self):
+        import selectors
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(1024)
+        self.listener.setblocking(False)
+        self.address = self.listener.getsockname()
+        self.accepted = self.ended = 0
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        import selectors
+        while not self.stopping:
+            for key, _ in self.selector.select(0.2):
+                if key.fileobj is self.listener:
+                    try:
+                        conn, _ = self.listener.accept()
+                    except BlockingIOError:
+                        continue
+                    conn.setblocking(False)
+                    self.selector.register(conn, selectors.EVENT_READ)
+                    self.accepted += 1
+                else:
+                    try:
+                        data = key.fileobj.recv(65536)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        self.selector.unregister(key.fileobj)
+                        key.fileobj.close()
+                        self.ended += 1
+
+    def wait(self, attribute, count, timeout):
+        end = time.monotonic() + timeout
+        while getattr(self, attribute) < count:
+            assert time.monotonic() < end, "%s: %d of %d" % (attribute, getattr(self, attribute), count)
+            time.sleep(0.05)    # polling a real condition (the count), not a sleep for one
+
+    def close(self):
+        self.stopping = True
+        self.thread.join(5)
+        self.listener.close()
+
+
+def status_of(pid):
+    fields = dict(line.split(":", 1) for line in open("/proc/%d/status" % pid))
+    return int(fields["VmRSS"].split()[0]), int(fields["Threads"])
+
+
+def open_sessions(address, count, connections=10):
+    """``count`` sessions, each opened by one empty POST, over ``connections`` keep-alive
+    connections; every answer read."""
+    socks = [socket.create_connection(address, timeout=30) for _ in range(connections)]
+    try:
+        for number in range(count):
+            sock = socks[number % connections]
+            sock.sendall(post(b"%032x" % number, close=False))
+            answer = b""
+            while not answer.endswith(b"\r\n\r\n"):
+                answer += sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_a_thousand_idle_sessions_cost_no_thread_and_close_on_time(parts):
+    """1,000 sessions opened and left idle: the server's threads are back to what they
+    were with none, its memory grows by a bounded amount per session (the figures are
+    printed), and with session-idle=3 every session's Tor connection ends."""
+    dest = Counting()
+    parts.stack.callback(dest.close)
+    server = parts.server(dest, "session-idle=3", "--max-connections=4096")
+    pid = server.process.pid
+    open_sessions(server.address, 1, connections=1)
+    dest.wait("ended", 1, 60)
+    rss_before, threads_before = status_of(pid)
+    open_sessions(server.address, 1000)
+    dest.wait("accepted", 1001, 60)
+    rss_after, threads_after = status_of(pid)
+    per_session = (rss_after - rss_before) * 1024 / 1000
+    print("\n1,000 idle meek sessions: RSS %d -> %d KiB (%.0f bytes a session), threads %d -> %d"
+          % (rss_before, rss_after, per_session, threads_before, threads_after))
+    dest.wait("ended", 1001, 120)
+    rss_closed, threads_closed = status_of(pid)
+    print("all closed: RSS %d KiB, threads %d" % (rss_closed, threads_closed))
+    assert per_session < 16 * 1024
+    assert threads_after <= threads_before + 2, "idle sessions hold threads"
+    assert threads_closed <= threads_before + 2
