@@ -286,4 +286,7 @@ class Nginx:
 
 
 if __name__ == "__main__":
-    print(SERVER_BLOCK.format(**EXAMPLE), end="")
+    import sys
+    meek = sys.argv[1:] == ["meek"]     # the meek bridge's block
+    print((MEEK_SERVER_BLOCK if meek else SERVER_BLOCK).format(
+        **dict(EXAMPLE, path="/meek/", backend="127.0.0.1:15001") if meek else EXAMPLE), end="")

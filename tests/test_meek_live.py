@@ -337,7 +337,8 @@ def test_tor_bootstraps_through_nginx_and_meek(parts, client):
     front = parts.nginx(("127.0.0.1", port))
     url, dial = url_of(front)
     status, output, seconds = bootstrap(
-        OURS if client == "ours" else OBFS4PROXY, OURS, "meek" if client == "ours" else "meek_lite",
+        OURS if client == "ours" else require_obfs4proxy(), OURS,
+        "meek" if client == "ours" else "meek_lite",
         PT_PORT=str(port), SSL_CERT_FILE=parts.ca.ca_file,
         BRIDGE_ARGS="url=%s front=%s" % (url, dial))
     print("\nmeek (%s client): tor-loopback.sh in %.1f s, exit status %d:\n%s"
