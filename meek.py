@@ -1284,6 +1284,11 @@ class ClientConnection(_Owned):
         self.dialled = None
         self.retired = []
         self.requests = 0
+        # After the application's end of stream, requests go back to back until one
+        # exchange moves nothing either way: what the bridge still had (an echo, the
+        # end of a reply) reaches the application before the end. meek cannot tell the
+        # bridge that the application ended (the session times out there).
+        self.quiet_after_eof = False
         for sock in (upstream, downstream):
             sock.setblocking(False)
 
@@ -1302,6 +1307,8 @@ class ClientConnection(_Owned):
             wanted[self.downstream] = front
         timeout = None
         if self.dialled is not None:
+            timeout = 0.0
+        elif self.app_eof and not (self.in_flight or self.dialing or self.to_app or self.finished):
             timeout = 0.0
         elif not (self.in_flight or self.dialing or self.to_app or self.finished):
             timeout = 0.0 if (self.outgoing or self.app_eof) else \
@@ -1358,6 +1365,8 @@ class ClientConnection(_Owned):
             self.next_poll = time.monotonic() + self.schedule.after(self.sent, len(message.body))
             if not message.keep_alive:
                 self.front_eof = True
+            if self.app_eof and not self.sent and not message.body:
+                self.quiet_after_eof = True
         self._write_app()
 
     def _act(self):
@@ -1365,10 +1374,10 @@ class ClientConnection(_Owned):
         application's end once everything has gone."""
         if self.finished or self.in_flight or self.dialing or self.to_app:
             return
-        if self.app_eof and not self.outgoing:
+        if self.app_eof and not self.outgoing and self.quiet_after_eof:
             self.finished = True
             return
-        if not self.outgoing and time.monotonic() < self.next_poll:
+        if not self.outgoing and not self.app_eof and time.monotonic() < self.next_poll:
             return
         if self.downstream is None or self.front_eof:
             self._redial()
@@ -1406,6 +1415,8 @@ class ClientConnection(_Owned):
             self.retired.append(self.downstream)
             self.downstream = None
         old = self.transport
+        while hasattr(old, "inner"):          # under a recorder (--record-dir, the demo)
+            old = old.inner
         fresh = type(old)(True, old.config, session_id=old.session_id)
         fresh.redial = redial
         threading.Thread(target=self._dial, args=(redial, fresh), name="meek-redial",

@@ -16,6 +16,7 @@ import hashlib
 import os
 import random
 import re
+import shutil
 import socket
 import threading
 import time
@@ -34,6 +35,7 @@ from support import (
     echo_round_trip,
     fmt,
     recv_all,
+    require_obfs4proxy,
     socks5_connect,
 )
 
@@ -330,9 +332,6 @@ SUCCESS = re.compile(r"^tor bootstrap through meek(?:_lite)?: client got the bri
 def test_tor_bootstraps_through_nginx_and_meek(parts, client):
     """tor-loopback.sh: the bridge's meek listens on PT_PORT behind nginx; the client's
     Bridge line dials nginx with the test CA trusted (ours, or obfs4proxy's meek_lite)."""
-    import shutil
-
-    from support import OBFS4PROXY
     port = free_port()
     front = parts.nginx(("127.0.0.1", port))
     url, dial = url_of(front)
