@@ -28,10 +28,11 @@ class MeekStage(Stage):
         self.server_options = {}
 
     def client_side(self, settings, cls, server_config, announce, server_address):
-        import dataclasses
-        self.target = self.PLACEHOLDER
         url = "http://%s/" % format_address(server_address)
-        return dataclasses.replace(settings, options={"url": url}), self.target
+        self.server_options = {"url": url}      # the client's, given as the base stage gives them
+        settings, _ = Stage.client_side(self, settings, cls, server_config, announce, server_address)
+        self.target = self.PLACEHOLDER
+        return settings, self.target
 
 
 def read_all(data, requests):

@@ -101,8 +101,8 @@ def test_transport_names():
     assert managed.parse_transports("obfs4,obfs2, obfs2,snowflake") == (["obfs4", "obfs2"], ["snowflake"])
     assert managed.parse_transports("*") == (["meek", "meek_lite", "webtunnel", "obfs4", "obfs3", "obfs2",
                                              "dummy"], [])
-    assert managed.parse_transports("dummy,*") == (["dummy", "meek", "meek_lite", "webtunnel", "obfs4", "obfs3",
-                                                    "obfs2"], [])
+    assert managed.parse_transports("dummy,*") == (
+        ["dummy", "meek", "meek_lite", "webtunnel", "obfs4", "obfs3", "obfs2"], [])
     assert managed.parse_transports("") == ([], [])
 
 

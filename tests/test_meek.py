@@ -60,8 +60,10 @@ def read_all(data, requests, split):
 @settings(deadline=None, max_examples=60)
 @given(st.lists(st.integers(1, 40), min_size=1))
 def test_every_split_reads_the_same_messages(sizes):
-    def split(left, sizes=iter(sizes * 200)):
-        return min(left, next(sizes, left))
+    steps = iter(sizes * 200)
+
+    def split(left):
+        return min(left, next(steps, left))
     requests = REQUEST + CHUNKED + REQUEST
     assert read_all(requests, True, split) == read_all(requests, True, lambda n: n) == \
         [("POST", None, b"hello", True)] * 3
@@ -76,8 +78,10 @@ def test_every_split_reads_the_same_messages(sizes):
     (b"POST / HTTP/1.1\r\nHost: b\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", "400 Bad Request"),
     (b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", "400 Bad Request"),
     (b"POST / HTTP/1.1\r\nHost: b\r\nTransfer-Encoding: gzip\r\n\r\n", "501 Not Implemented"),
-    (b"POST / HTTP/1.1\r\nHost: b\r\nTransfer-Encoding: chunked\r\n\r\n10001\r\n", "413 Request Entity Too Large"),
-    (b"POST / HTTP/1.1\r\nHost: b\r\nX: " + b"y" * 20000 + b"\r\n\r\n", "431 Request Header Fields Too Large"),
+    (b"POST / HTTP/1.1\r\nHost: b\r\nTransfer-Encoding: chunked\r\n\r\n10001\r\n",
+     "413 Request Entity Too Large"),
+    (b"POST / HTTP/1.1\r\nHost: b\r\nX: " + b"y" * 20000 + b"\r\n\r\n",
+     "431 Request Header Fields Too Large"),
     (b"\x16\x03\x01\x00\x10garbage\r\n\r\n", "400 Bad Request"),
     (b"GET / SPDY/3\r\n\r\n", "400 Bad Request"),
 ])
@@ -90,9 +94,11 @@ def test_what_the_reader_refuses_and_the_status_it_names(data, status):
 
 
 def test_http_1_0_and_connection_close_end_keep_alive():
-    assert read_all(b"GET / HTTP/1.0\r\n\r\n", True, lambda n: n)[0][3] is False
-    assert read_all(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", True, lambda n: n)[0][3] is True
-    assert read_all(b"GET / HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n", True, lambda n: n)[0][3] is False
+    def keeps(text):
+        return read_all(text, True, lambda n: n)[0][3]
+    assert keeps(b"GET / HTTP/1.0\r\n\r\n") is False
+    assert keeps(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n") is True
+    assert keeps(b"GET / HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n") is False
 
 
 def test_a_response_without_a_length_is_read_to_the_end():
@@ -136,7 +142,8 @@ def test_a_post_with_a_session_id_of_8_goes_to_its_session():
 def test_the_client_address_for_tor():
     forwarded = request(b"POST / HTTP/1.1\r\nHost: b\r\nX-Forwarded-For: 198.51.100.7, 10.0.0.1\r\n\r\n")
     assert meek.client_address(forwarded, ("127.0.0.1", 5)) == ("198.51.100.7", 1)
-    meek_ip = request(b"POST / HTTP/1.1\r\nHost: b\r\nMeek-IP: 2001:db8::1\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n")
+    meek_ip = request(b"POST / HTTP/1.1\r\nHost: b\r\nMeek-IP: 2001:db8::1\r\n"
+                      b"X-Forwarded-For: 1.2.3.4\r\n\r\n")
     assert meek.client_address(meek_ip, None) == ("2001:db8::1", 1)
     plain = request(b"POST / HTTP/1.1\r\nHost: b\r\n\r\n")
     assert meek.client_address(plain, ("203.0.113.5", 40000)) == ("203.0.113.5", 1)
