@@ -1075,7 +1075,7 @@ class ServerConnection(_Owned):
                 try:
                     request = self.reader.next()
                 except HTTPError as exc:
-                    log.info("meek: a request that is not HTTP (%s): answered %s", exc, exc.status)
+                    log.info("meek: a request we cannot take (%s): answered %s", exc, exc.status)
                     self._respond(go_bad_message(exc.status), close=True)
                     continue
                 if request is None:
@@ -1283,7 +1283,7 @@ class ClientConnection(_Owned):
         self.dialing = False
         self.dialled = None
         self.retired = []
-        self.requests = 0
+        self.requests = 1             # on this connection: the handshake's poll was the first
         # After the application's end of stream, requests go back to back until one
         # exchange moves nothing either way: what the bridge still had (an echo, the
         # end of a reply) reaches the application before the end. meek cannot tell the
@@ -1410,6 +1410,9 @@ class ClientConnection(_Owned):
         redial = getattr(self.transport, "redial", None)
         if redial is None:
             raise ProtocolError("the front closed the keep-alive connection")
+        log.debug("meek: the front ended the keep-alive connection after %d requests; dialling "
+                  "it again for the same session", self.requests)
+        self.requests = 1
         self.dialing = True
         if self.downstream is not None:
             self.retired.append(self.downstream)
@@ -1427,9 +1430,13 @@ class ClientConnection(_Owned):
         empty poll for the same session; handed over through ``dialled``."""
         try:
             sock, plaintext = redial(fresh)
-            self.dialled = (sock, fresh, plaintext)
         except Exception as exc:      # the tunnel ends with it, on the pump's thread
             self.dialled = exc
+        else:
+            if self.finished:         # the tunnel ended meanwhile (a stop): nobody takes it
+                sock.close()
+                return
+            self.dialled = (sock, fresh, plaintext)
         pump = self.pump
         if pump is not None:
             pump.nudge(self)

@@ -92,6 +92,7 @@ server {{
         proxy_set_header Host $host;
         proxy_set_header X-Forwarded-For $remote_addr;   # for Tor's Extended ORPort
         proxy_buffering off;
+        client_body_buffer_size 128k;             # a 64 KiB body stays in memory, not a file
     }}
 
     location / {{

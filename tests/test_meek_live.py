@@ -95,9 +95,9 @@ class Parts:
             args.append("--transport-options=" + options)
         return self.program("server", *(args + list(extra)))
 
-    def nginx(self, backend):
+    def nginx(self, backend, block=MEEK_SERVER_BLOCK):
         front = Nginx(self.tmp_path / "nginx", backend, self.ca.cert_file, self.ca.key_file,
-                      path=PATH, block=MEEK_SERVER_BLOCK)
+                      path=PATH, block=block)
         self.stack.callback(front.stop)
         self.logs.append(("nginx error log", lambda: front.error_log().splitlines()))
         return front
@@ -180,8 +180,9 @@ class Client:
         url, dial = url_of(front)
         env = parts.env()
         if kind == "socks":
-            self.address = parts.program("client", "client", "--transport=meek", "127.0.0.1:0",
-                                         *extra, env=env).address
+            self.program = parts.program("client", "client", "--transport=meek", "127.0.0.1:0",
+                                         *extra, env=env)
+            self.address = self.program.address
         elif kind == "bridge":
             line = "meek %s:%d %s url=%s front=%s" % (PLACEHOLDER + (FINGERPRINT, url, dial))
             self.address = parts.program("client", "client", "--bridge=" + line, "127.0.0.1:0",
@@ -204,6 +205,22 @@ def test_our_client_through_nginx_carries_megabytes_exact_both_ways(parts, kind)
     data = payload(4 << 20, seed=5)
     with client.connect() as sock:
         assert sha(echo_round_trip(sock, data)) == sha(data)
+    assert dest.accepted == 1
+
+
+def test_our_client_dials_again_when_the_front_closes_keep_alive(parts):
+    """nginx closes a client's keep-alive connection after keepalive_requests (1,000 by
+    default; 3 here): the client dials the front again, in the same session, and the
+    bytes arrive exact; one destination connection throughout."""
+    dest = parts.dest()
+    server = parts.server(dest)
+    front = parts.nginx(server.address, MEEK_SERVER_BLOCK.replace(
+        "    server_tokens off;\n", "    server_tokens off;\n    keepalive_requests 3;\n"))
+    client = Client(parts, "socks", front, "--log-min-severity=debug")
+    data = payload(1 << 20, seed=7)
+    with client.connect() as sock:
+        assert sha(echo_round_trip(sock, data)) == sha(data)
+    client.program.log.wait_for(r"ended the keep-alive connection after 3 requests; dialling it again")
     assert dest.accepted == 1
 
 
