@@ -29,6 +29,7 @@ from peers import Obfs4proxy
 from support import (
     OURS,
     EchoServer,
+    FakeProxy,
     Program,
     SocksReplyError,
     bootstrap,
@@ -221,6 +222,26 @@ def test_our_client_dials_again_when_the_front_closes_keep_alive(parts):
     with client.connect() as sock:
         assert sha(echo_round_trip(sock, data)) == sha(data)
     client.program.log.wait_for(r"ended the keep-alive connection after 3 requests; dialling it again")
+    assert dest.accepted == 1
+
+
+def test_tor_pt_proxy_carries_the_managed_client_and_its_redials(parts, tmp_path):
+    """TOR_PT_PROXY: every connection to the front goes through Tor's outgoing proxy, the
+    first and each one made after the front closed keep-alive (keepalive_requests 3)."""
+    dest = parts.dest()
+    server = parts.server(dest)
+    front = parts.nginx(server.address, MEEK_SERVER_BLOCK.replace(
+        "    server_tokens off;\n", "    server_tokens off;\n    keepalive_requests 3;\n"))
+    upstream = parts.stack.enter_context(FakeProxy("socks5", ("tor", "pw")))
+    variables = client_env(tmp_path, transports="meek", PROXY=upstream.uri("tor", "pw"))
+    variables["SSL_CERT_FILE"] = parts.ca.ca_file
+    pt = parts.managed(variables, label="managed client")
+    assert pt.keywords() == ["VERSION", "PROXY DONE", "CMETHOD", "CMETHODS DONE"]
+    data = payload(256 << 10, seed=8)
+    with socks5_connect(pt.cmethods["meek"], PLACEHOLDER, args=args_of(front)) as sock:
+        assert sha(echo_round_trip(sock, data)) == sha(data)
+    targets = {request["target"] for request in upstream.requests}
+    assert targets == {("127.0.0.1", front.address[1])} and len(upstream.requests) >= 2
     assert dest.accepted == 1
 
 
