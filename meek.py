@@ -838,9 +838,21 @@ class Sessions:
     """One listener's sessions by id (``ServerConfig.sessions``). The table is read
     and changed on the pump's thread and by the threads that dial: hence the lock."""
 
+    QUIET = 10.0      # seconds between two warnings of one kind (a flood is one line)
+
     def __init__(self):
         self.lock = threading.Lock()
         self.by_id = {}
+        self._said = {}
+
+    def warn(self, kind, message, *args):
+        """Say a warning, at most once per QUIET seconds for each kind."""
+        now = time.monotonic()
+        with self.lock:
+            if now - self._said.get(kind, -self.QUIET) < self.QUIET:
+                return
+            self._said[kind] = now
+        log.warning(message, *args)
 
 
 class Session(_Owned):
@@ -1170,8 +1182,8 @@ class ServerConnection(_Owned):
             else:
                 fresh = False
         if full:
-            log.warning("meek: refusing a new session: %d sessions open (max-sessions=)",
-                        self.config.max_sessions)
+            table.warn("full", "meek: refusing a new session: %d sessions open (max-sessions=)",
+                       self.config.max_sessions)
             self._respond(go_error(500, "Internal server error.", date=self._date(),
                                        close=not self.request_keep_alive))
             return
@@ -1233,8 +1245,8 @@ def _dial_tor(session, settings, peer, pump):
     except OSError as exc:
         if sock is not None:
             sock.close()
-        log.warning("meek: a new session cannot reach --dest %s: %s",
-                    outbound.format_address(settings.dest), exc.strerror or exc)
+        session.table.warn("dest", "meek: a new session cannot reach --dest %s: %s",
+                           outbound.format_address(settings.dest), exc.strerror or exc)
         session.end()
         return
     session.sock = session.upstream = sock

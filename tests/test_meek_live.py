@@ -337,6 +337,28 @@ def test_sessions_are_kept_apart_and_an_idle_one_closes_on_time(parts):
     assert min(ended) - opened >= 0.5
 
 
+def test_a_session_that_cannot_be_made_is_answered_500(parts):
+    """Tor unreachable, or max-sessions reached: Go's 500, the session not kept, and the
+    log says why at the default level."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    unreachable = parts.program("server", "server", "--transport=meek", "--dest=127.0.0.1:%d" % port,
+                                "127.0.0.1:0")
+    answer = exchange(unreachable.address, post(b"c" * 32))
+    assert answer.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
+    assert answer.endswith(b"Internal server error.\n")
+    unreachable.log.wait_for(r"meek: a new session cannot reach --dest")
+    dest = parts.dest()
+    full = parts.server(dest, "max-sessions=1")
+    assert exchange(full.address, post(b"d" * 32)).startswith(b"HTTP/1.1 200 OK\r\n")
+    assert exchange(full.address, post(b"e" * 32)).startswith(b"HTTP/1.1 500 ")
+    assert exchange(full.address, post(b"d" * 32)).startswith(b"HTTP/1.1 200 OK\r\n")
+    full.log.wait_for(r"refusing a new session: 1 sessions open \(max-sessions=\)")
+    assert dest.accepted == 1
+
+
 def test_x_forwarded_for_becomes_useraddr_with_port_1(parts, tmp_path):
     """Managed server with an Extended ORPort, behind nginx: Tor hears of the address
     nginx saw, port 1, transport meek; obfs4proxy's meek_lite carries the data. The
