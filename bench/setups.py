@@ -113,7 +113,8 @@ def start_meek(options, name, sink, directory):
     try:
         started.append(start_ours(options.obfsproxy, "server", "meek", sink, env=env))
         made = nginx.Nginx(os.path.join(directory, "nginx"), started[0].address, ca.cert_file,
-                           ca.key_file, path="/meek/", server_name=WEBTUNNEL_NAME, block=nginx.MEEK_SERVER_BLOCK)
+                           ca.key_file, path="/meek/", server_name=WEBTUNNEL_NAME,
+                           block=nginx.MEEK_SERVER_BLOCK)
         front = Child("nginx", made.process, made.address, None, stop_by_stdin=False)
         front.front = made
         if name == "ours-meek":
