@@ -229,16 +229,18 @@ class Conversation:
     SYN, or a recording's file name), else None and both roles are tried.
     ``first_packets``: each side's first TCP payload (None: packet boundaries are
     not known, as in a recording). ``time``: unix time of its first packet (a
-    recording: its file's modification time), or None.
+    recording: its file's modification time), or None. ``flow``: (time, side, bytes)
+    of each packet that carried data, side 0 for ``ends[0]`` (empty for a recording).
     """
 
     def __init__(self, name, ends, streams, initiator=None, notes=(), first_packets=(None, None),
-                 time=None):
+                 time=None, flow=()):
         self.name, self.ends, self.streams = name, ends, streams
         self.initiator = initiator
         self.notes = list(notes)
         self.first_packets = tuple(first_packets)
         self.time = time
+        self.flow = list(flow)
 
     def role_name(self, index):
         """'initiator', or '127.0.0.1:5000 (initiator)' when the capture names the ends."""
@@ -271,7 +273,7 @@ class TcpTable:
             conn = None                                # a new connection on the same ports
         if conn is None:
             conn = {"ends": (segment.src, segment.dst), "initiator": None, "time": when,
-                    "first_seq": [None, None], "segments": ([], []), "cut": 0}
+                    "first_seq": [None, None], "segments": ([], []), "cut": 0, "flow": []}
             self._current[key] = conn
             self.connections.append(conn)
         side = conn["ends"].index(segment.src)
@@ -283,6 +285,7 @@ class TcpTable:
                 conn["initiator"] = side
         if segment.payload:
             conn["segments"][side].append((seq, segment.payload))
+            conn["flow"].append((when, side, len(segment.payload)))
         conn["cut"] += segment.cut
 
     def conversations(self):
@@ -300,12 +303,14 @@ class TcpTable:
             if conn["cut"]:
                 notes.append("%d packet(s) were cut at the capture's snapshot length" % conn["cut"])
             ends = tuple(format_address(end) for end in conn["ends"])
+            flow = conn["flow"]
             if conn["initiator"] == 1:
                 ends, streams, firsts = ends[::-1], streams[::-1], firsts[::-1]
+                flow = [(when, 1 - side, size) for when, side, size in flow]
             initiator = None if conn["initiator"] is None else 0
             arrow = "->" if initiator == 0 else "<->"
             yield Conversation("%s %s %s" % (ends[0], arrow, ends[1]), ends, tuple(streams),
-                               initiator, notes, firsts, conn["time"])
+                               initiator, notes, firsts, conn["time"], flow)
 
 
 def read_pcap(path):

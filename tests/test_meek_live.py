@@ -508,3 +508,51 @@ def test_a_thousand_idle_sessions_cost_no_thread_and_close_on_time(parts):
     assert per_session < 16 * 1024
     assert threads_after <= threads_before + 2, "idle sessions hold threads"
     assert threads_closed <= threads_before + 2
+
+
+# --- detect: what a censor's capture shows of a meek session ---------------------------------
+
+def test_detect_names_the_front_and_the_polling_rhythm(parts, tmp_path):
+    """tcpdump on the front's port while a session idles: `obfsproxy.py detect` reads the
+    ClientHello (front= is an address here, so no SNI; a name would show), the exchanges,
+    and the gaps between the polls growing by 1.5 times each."""
+    import signal
+    import subprocess
+    import sys
+
+    from teaching import capture, pcap
+    tcpdump = shutil.which("tcpdump") or "/usr/sbin/tcpdump"
+    if not os.path.exists(tcpdump):
+        pytest.skip("tcpdump is not installed (apt-get install tcpdump)")
+    _, _, front = parts.bridge()
+    client = Client(parts, "socks", front)
+    path = tmp_path / "meek.pcap"
+    dump = subprocess.Popen([tcpdump, "-i", "lo", "-U", "-n", "-B", "65536", "-s", "0", "-w", str(path),
+                             "tcp port %d" % front.address[1]],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        line = dump.stderr.readline().decode(errors="replace")
+        if "listening on" not in line:
+            pytest.skip("tcpdump cannot capture here: %s" % line.strip())
+        with socks5_connect(client.address, PLACEHOLDER, args=args_of(front)) as sock:
+            assert echo_round_trip(sock, b"hello") == b"hello"
+            end = time.monotonic() + 30
+            while True:       # polling the capture (a real condition) until the rhythm shows
+                try:
+                    conversations = pcap.read_pcap(path)[1]
+                except pcap.CaptureError:
+                    conversations = []
+                if any(capture.polling_rhythm(capture.exchanges(c.flow, c.initiator or 0))[1]
+                       for c in conversations):
+                    break
+                assert time.monotonic() < end, "no polling rhythm in the capture"
+                time.sleep(0.2)
+    finally:
+        dump.send_signal(signal.SIGINT)
+        dump.wait(10)
+    done = subprocess.run([sys.executable, "obfsproxy.py", "detect", str(path)], capture_output=True,
+                          text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          timeout=60)
+    print(done.stdout)
+    assert "the idle polling of meek" in done.stdout
+    assert "exchanges: " in done.stdout
