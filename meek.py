@@ -81,6 +81,7 @@ POLL_INITIAL = 0.1            # seconds: the first wait after an empty exchange
 POLL_MAX = 5.0
 POLL_MULTIPLIER = 1.5
 MAX_SESSIONS = 4096           # sessions one server keeps at once (server option max-sessions=)
+MAX_DIALS = 64                # new sessions dialling Tor at once (each on a short thread)
 MAX_HEAD = webtunnel.MAX_HEAD  # a request or response head, terminator included
 FORWARDED_PORT = 1            # the port upstream gives the client address it reports to Tor
 
@@ -843,6 +844,7 @@ class Sessions:
     def __init__(self):
         self.lock = threading.Lock()
         self.by_id = {}
+        self.dialling = 0           # sessions whose thread dials Tor right now
         self._said = {}
 
     def warn(self, kind, message, *args):
@@ -1176,14 +1178,20 @@ class ServerConnection(_Owned):
         with table.lock:
             session = table.by_id.get(sid)
             full = session is None and len(table.by_id) >= self.config.max_sessions
-            if session is None and not full:
+            busy = session is None and table.dialling >= MAX_DIALS
+            if session is None and not (full or busy):
                 session = table.by_id[sid] = Session(sid, table, self.config.session_idle)
+                table.dialling += 1
                 fresh = True
             else:
                 fresh = False
-        if full:
-            table.warn("full", "meek: refusing a new session: %d sessions open (max-sessions=)",
-                       self.config.max_sessions)
+        if full or busy:
+            if full:
+                table.warn("full", "meek: refusing a new session: %d sessions open (max-sessions=)",
+                           self.config.max_sessions)
+            else:
+                table.warn("busy", "meek: refusing a new session: %d new sessions are dialling Tor "
+                           "already", MAX_DIALS)
             self._respond(go_error(500, "Internal server error.", date=self._date(),
                                        close=not self.request_keep_alive))
             return
@@ -1194,8 +1202,13 @@ class ServerConnection(_Owned):
             self.state = DIALING
             self.until = time.monotonic() + self.settings.handshake_timeout
             peer = client_address(request, self.tunnel.peer)
-            threading.Thread(target=_dial_tor, args=(session, self.settings, peer, self.pump),
-                             name="meek-dial", daemon=True).start()
+            try:
+                threading.Thread(target=_dial_tor, args=(session, self.settings, peer, self.pump),
+                                 name="meek-dial", daemon=True).start()
+            except RuntimeError:          # no thread to be had: as a failed dial
+                with table.lock:
+                    table.dialling -= 1
+                session.end()
         elif not session.ready:
             self.state = DIALING
             self.until = time.monotonic() + self.settings.handshake_timeout
@@ -1233,6 +1246,14 @@ class ServerConnection(_Owned):
 def _dial_tor(session, settings, peer, pump):
     """On its own thread: the session's connection to Tor (its Extended ORPort, when
     Tor gave one, reporting ``peer``), then the session goes to ``pump``."""
+    try:
+        _dial(session, settings, peer, pump)
+    finally:
+        with session.table.lock:
+            session.table.dialling -= 1
+
+
+def _dial(session, settings, peer, pump):
     deadline = outbound.Deadline(settings.handshake_timeout)
     sock = None
     try:
