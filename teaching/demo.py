@@ -212,3 +212,4 @@ WALKS = {"dummy": walk_dummy, "obfs2": demo_obfs.walk_obfs2, "obfs3": demo_obfs.
 STAGES = {"obfs4": demo_obfs.Obfs4Stage, "webtunnel": demo_webtunnel.WebTunnelStage,
           "meek": demo_meek.MeekStage}
 OBSERVER["meek"] = demo_meek.OBSERVER
+WALKS["meek_lite"], STAGES["meek_lite"] = WALKS["meek"], STAGES["meek"]   # obfs4proxy's name
