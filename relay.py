@@ -481,6 +481,12 @@ class Pump:
     (a paced transport's next piece) are served before every turn, not once
     per round: one is late by at most the turn under way, and the earliest
     timer is the selector's timeout when no relay is ready.
+
+    Connections a transport owns (meek's: transports.py says what they answer to) are
+    driven the same way, with two more things: the sockets ``watch`` names may change
+    from one step to the next (new ones are registered, missing ones let go of), and
+    ``nudge(obj)``, from any thread, steps an object soon with no socket ready, so
+    that one object can tell another that what it waits for has changed.
     """
 
     LINGER = 2.0
