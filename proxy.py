@@ -384,7 +384,7 @@ def handle_socks_client(conn, settings, tunnel):
         raise
     send_all(conn, negotiation.reply(socks.SUCCEEDED), deadline)
     log.debug("%s: %s tunnel open", tunnel.name, transport.name)
-    return Relay(conn, server, transport, to_upstream=to_application, to_downstream=request.trailing)
+    return new_relay(conn, server, transport, to_upstream=to_application, to_downstream=request.trailing)
 
 
 def handle_fixed_client(conn, settings, tunnel):
@@ -398,7 +398,16 @@ def handle_fixed_client(conn, settings, tunnel):
     deadline = tunnel.deadline(settings.handshake_timeout)
     config = settings.client_config()
     server, transport, to_application = open_tunnel(settings, config, settings.dest, deadline, tunnel)
-    return Relay(conn, server, transport, to_upstream=to_application)
+    return new_relay(conn, server, transport, to_upstream=to_application)
+
+
+def new_relay(upstream, downstream, transport, to_upstream=b"", to_downstream=b""):
+    """A Relay for the tunnel, or the connection the transport owns (transports.py:
+    ``connection``, meek's request loop), which the pump drives the same way."""
+    own = getattr(transport, "connection", None)
+    if own is not None:
+        return own(upstream, downstream, to_upstream, to_downstream)
+    return Relay(upstream, downstream, transport, to_upstream=to_upstream, to_downstream=to_downstream)
 
 
 def application_gone(conn):
@@ -468,7 +477,27 @@ def _dial(settings, config, address, deadline, tunnel, label=""):
                         % (transport.name, shown, failed, reason, hint(transport, kind)),
                         code=socks.TTL_EXPIRED if kind == "timeout" else socks.GENERAL_FAILURE)
     tunnel.owns(server)           # closed with the connection, however and wherever it ends
+    if hasattr(transport, "connection"):
+        transport.redial = _redialer(settings, address, tunnel)
     return server, transport, to_application
+
+
+def _redialer(settings, address, tunnel):
+    """For a transport that owns its connection (meek): ``redial(transport)`` dials
+    the same route again (outgoing proxy and source address included) and runs the
+    fresh ``transport``'s handshake, on the caller's thread, under a new deadline;
+    (socket, plaintext glued to the handshake), or the OSError or ProtocolError."""
+    def redial(transport):
+        deadline = Deadline(settings.handshake_timeout)
+        sock = open_connection(address, deadline, settings.outgoing_proxy, settings.sources)
+        try:
+            sock.setblocking(False)
+            plaintext = transport_handshake(sock, transport, deadline, tunnel.key_work)
+        except BaseException:
+            sock.close()
+            raise
+        return sock, plaintext
+    return redial
 
 
 def handle_server(conn, settings, tunnel):
@@ -511,6 +540,9 @@ def handle_server(conn, settings, tunnel):
             text = "not %s: %s" % (transport.name, exc)
         raise HopFailed("client-handshake", "%s%s; closed after %.0f s"
                         % (text, hint(transport, kind), took), reset=False)
+    serve = getattr(transport, "serve", None)
+    if serve is not None:     # it owns its connections (meek: sessions dial --dest themselves)
+        return serve(conn, settings, tunnel, to_destination)
     peer = getattr(transport, "peer_address", None)
     if peer:
         tunnel.peer = peer    # the real client, behind a reverse proxy: for USERADDR and the log

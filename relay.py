@@ -486,6 +486,12 @@ class Pump:
     (a paced transport's next piece) are served before every turn, not once
     per round: one is late by at most the turn under way, and the earliest
     timer is the selector's timeout when no relay is ready.
+
+    Connections a transport owns (meek's: transports.py says what they answer to) are
+    driven the same way, with two more things: the sockets ``watch`` names may change
+    from one step to the next (new ones are registered, missing ones let go of), and
+    ``nudge(obj)``, from any thread, steps an object soon with no socket ready, so
+    that one object can tell another that what it waits for has changed.
     """
 
     LINGER = 2.0
@@ -504,6 +510,8 @@ class Pump:
         self._order = itertools.count()
         self._stop = None             # None, "stop" or "abort"
         self._running = None          # the running thread's (selector, wake pair, ended)
+        self._nudged = []             # relays to step again soon (nudge)
+        self._ident = None            # the running thread's
 
     def __len__(self):
         with self._lock:
@@ -518,6 +526,8 @@ class Pump:
         except Exception as exc:
             self._give_up(relay, on_end, exc)
             return
+        if hasattr(relay, "pump"):       # a connection a transport owns (transports.py)
+            relay.pump = self
         wanted, timeout = relay.watch()
         with self._lock:
             if self._stop is not None:
@@ -600,6 +610,18 @@ class Pump:
                 self._wake(running)
         return running is None or running[2].wait(timeout)
 
+    def nudge(self, relay):
+        """Step ``relay`` again soon with no socket ready (``handle([])``), from
+        any thread: how one connection a transport owns tells another that
+        something it waits for has changed (a meek session's bytes for the HTTP
+        request waiting on them), so that the pump asks it again what it watches.
+        A relay that has ended meanwhile is skipped."""
+        with self._lock:
+            self._nudged.append(relay)
+            running = self._running
+        if running is not None and threading.get_ident() != self._ident:
+            self._wake(running)
+
     @staticmethod
     def _wake(running):
         try:
@@ -615,11 +637,14 @@ class Pump:
 
     def _run(self, running):
         selector, wake, ended = running
+        self._ident = threading.get_ident()
         idle_since = time.monotonic()
         try:
             while self._stop is None:
                 timeout = self.LINGER
-                if self._timers:
+                if self._nudged:
+                    timeout = 0.0
+                elif self._timers:
                     timeout = max(0.0, self._timers[0][0] - time.monotonic())
                 ready = {}
                 for key, events in selector.select(timeout):
@@ -663,6 +688,12 @@ class Pump:
         """Step the relays whose timer is due (a paced piece's time has come).
         Called before every turn, so that a timer is late by at most the one
         turn under way, however many relays are ready."""
+        if self._nudged:
+            with self._lock:
+                nudged, self._nudged = self._nudged, []
+            for relay in nudged:
+                if relay in self._relays:
+                    self._step(selector, relay, [])
         if not self._timers or self._timers[0][0] > time.monotonic():
             return
         now, due = time.monotonic(), []
@@ -707,15 +738,18 @@ class Pump:
         wanted, timeout = relay.watch()
         registered = relay.registered
         try:
+            for sock in [sock for sock in registered if sock not in wanted]:
+                if registered.pop(sock):      # a socket the relay has let go of
+                    selector.unregister(sock)
             for sock, events in wanted.items():
-                if events != registered[sock]:
-                    if not registered[sock]:
+                if events != registered.get(sock, 0):
+                    if not registered.get(sock, 0):
                         selector.register(sock, events, relay)
                     elif not events:
                         selector.unregister(sock)
                     else:
                         selector.modify(sock, events, relay)
-                    registered[sock] = events
+                registered[sock] = events
         except (OSError, ValueError) as exc:   # a socket already closed or reset
             self._fail(selector, relay, exc if isinstance(exc, OSError) else OSError(errno.EBADF, str(exc)))
             return

@@ -134,11 +134,43 @@ backpressure and fairness rules hold as for every transport. The cost is two
 descriptors per tunnel, and a lock around the TLS stack's calls when one of its
 objects is shared between tunnels (browser_tls shares one CA store).
 
-What this seam does not serve: a transport that needs several connections
-for one tunnel, or that must send on a timer of its own with no application
-data (meek's polling HTTP requests, snowflake's WebRTC). Each tunnel here is
-exactly two sockets pumped by the relay; such a transport needs a seam where
-it owns a connection object (Go's ``Dial`` returning a ``net.Conn``).
+A transport that owns its connection
+------------------------------------
+Some transports are not one stream over one socket: meek sends Tor's bytes as
+a series of HTTP requests (one at a time, a poll on a timer when there is
+nothing to send, a new keep-alive connection when the front closes one), and
+a meek bridge's HTTP connection carries requests of many sessions, each with
+its own connection to Tor. Such a transport runs its handshake through the
+same driver as every other (TLS, and for meek's client a first request that
+must be answered 200), then hands the core, in place of a ``relay.Relay``, a
+connection object of its own::
+
+    def connection(self, upstream, downstream, to_upstream, to_downstream) -> conn
+        # client: the application's socket and the dialled one (proxy.new_relay)
+    def serve(self, conn, settings, tunnel, first) -> conn
+        # server: the accepted socket and the bytes read with the handshake; it
+        # dials --dest itself, when and as often as it needs (proxy.handle_server)
+    redial: callable(fresh transport) -> (socket, plaintext)
+        # set by the core on a client: the same route dialled again (outgoing
+        # proxy, source address) and the fresh transport's handshake run on it,
+        # on the caller's thread (a thread of the transport's: never the pump's)
+
+The pump drives ``conn`` exactly as it drives a Relay, so its rules hold for it:
+``start(buffers)``, ``watch()`` -> ({socket: events}, seconds until its timer or
+None), ``handle([(socket, events)], share)`` (``[]``: the timer, or a nudge),
+``finished``, ``abort()``, ``close()`` (it closes the sockets the core does not
+know), ``registered`` (the pump's), ``upstream``/``downstream`` and
+``up.count``/``down.count`` (the listener's closing line). The set of sockets
+``watch`` returns may change from one step to the next (the pump registers the
+new ones and lets go of the missing). Two more things the pump gives it:
+``pump`` (set by ``Pump.add`` when the object has the attribute) to add objects
+of its own (a meek session, once its thread has dialled Tor), and
+``Pump.nudge(obj)``, from any thread, to have another object stepped soon (a
+session's bytes for the request waiting on them; a dial done). So a timer is a
+``watch`` timeout, not a sleeping thread; an idle object costs its sockets and
+a heap entry; a turn stays one read per socket (fairness); and an object reads
+a source only while it has room for what it reads (backpressure). Transports
+like snowflake (WebRTC) would need the same seam and more (UDP, a broker).
 
 Also here: ``Recorder``, the wrapper that copies a live transport's wire bytes
 (``--record-dir``, and the demo's tap).
@@ -150,6 +182,7 @@ import threading
 import time
 from pathlib import Path
 
+import meek
 import obfs2
 import obfs3
 import obfs4
@@ -208,6 +241,8 @@ def _no_options(name, options):
 
 
 TRANSPORTS = {
+    "meek": meek.Meek,
+    "meek_lite": meek.MeekLite,
     "webtunnel": webtunnel.WebTunnel,
     "obfs4": obfs4.Obfs4,
     "obfs3": obfs3.Obfs3,
@@ -265,6 +300,34 @@ class Recorder:
     @property
     def is_open(self):
         return self.inner.is_open
+
+    # A transport that owns its connection (meek) moves its wire bytes through wrap()
+    # and unwrap() (and request(), a client's POST): the recorder sees them there, and
+    # hands the connection itself to the transport's class, so that the connection
+    # calls the recorder.
+    _PASSED = ("config", "session_id", "peer_ended", "feed_responses", "state")
+
+    def __getattr__(self, name):
+        if name in ("connection", "serve"):
+            method = getattr(type(self.inner), name)     # AttributeError: the inner has none
+            return lambda *args: method(self, *args)
+        if name in self._PASSED:
+            return getattr(self.inner, name)
+        raise AttributeError(name)
+
+    def wrap(self, data):
+        out = self.inner.wrap(data)
+        self._sent(out)
+        return out
+
+    def unwrap(self, data):
+        self._received(data)
+        return self.inner.unwrap(data)
+
+    def request(self, body):
+        out = self.inner.request(body)
+        self._sent(out)
+        return out
 
     @property
     def paced(self):

@@ -57,6 +57,9 @@ end each is stopped the way it expects (ours: SIGTERM; obfs4proxy: its stdin is 
                      sides): what cutting and pacing the first 16 KiB costs
     ours-webtunnel-pyssl  ours-webtunnel with OBFSPROXY_HELLO=python: the client on Python's
                      ssl (ours-webtunnel runs the browser route, curl_cffi, when it is installed)
+    ours-meek        python obfsproxy.py client ==TLS, POSTs==> nginx (tests/nginx.py's meek
+                     block) --> python obfsproxy.py server (plain HTTP) --> sink
+    o4p-to-ours-meek the same with obfs4proxy's meek_lite client
     nginx-upgrade    the ceiling of ours-webtunnel: nginx alone, same configuration. The
                      generator speaks TLS and the upgrade to nginx itself, and the sink
                      answers the 101. nginx-light has no stream module (Debian ships it in

@@ -52,6 +52,9 @@ SETUPS.update({"ours-webtunnel": ("ours", "ours", "webtunnel"),
                "ours-webtunnel-pyssl": ("ours", "ours", "webtunnel"),
                "ours-webtunnel-unshaped": ("ours", "ours", "webtunnel"),
                "nginx-upgrade": ("nginx", "nginx", None)})
+# meek, only when named: our server behind nginx (its meek block), our client or
+# obfs4proxy's meek_lite client.
+SETUPS.update({"ours-meek": ("ours", "ours", "meek"), "o4p-to-ours-meek": ("o4p", "ours", "meek")})
 DEFAULT_SETUPS = ["ours-obfs2", "o4p-obfs2", "ours-obfs3", "o4p-obfs3", "ours-obfs4", "ours-obfs4-portable",
                   "o4p-obfs4", "ours-dummy", "direct"]
 CRYPTO_ENV = "OBFSPROXY_CRYPTO"     # obfs4_crypto: "portable" ignores PyNaCl
@@ -117,6 +120,40 @@ def start_webtunnel(options, name, sink, directory):
     return started, front, args
 
 
+def start_meek(options, name, sink, directory):
+    """ours-meek or o4p-to-ours-meek: nginx (tests/nginx.py's meek block) before our
+    server; ([client, server], nginx Child, the client's SOCKS arguments)."""
+    nginx, testca = test_helpers()
+    ca = testca.make_ca(os.path.join(directory, "ca"))
+    env = dict(ours_environment(name), SSL_CERT_FILE=ca.ca_file)
+    started, front = [], None
+    try:
+        started.append(start_ours(options.obfsproxy, "server", "meek", sink, env=env))
+        made = nginx.Nginx(os.path.join(directory, "nginx"), started[0].address, ca.cert_file,
+                           ca.key_file, path="/meek/", server_name=WEBTUNNEL_NAME,
+                           block=nginx.MEEK_SERVER_BLOCK)
+        front = Child("nginx", made.process, made.address, None, stop_by_stdin=False)
+        front.front = made
+        if name == "ours-meek":
+            started.insert(0, start_ours(options.obfsproxy, "client", "meek", env=env))
+        else:
+            saved = os.environ.get("SSL_CERT_FILE")
+            os.environ["SSL_CERT_FILE"] = ca.ca_file    # obfs4proxy's Go TLS reads it
+            try:
+                started.insert(0, start_obfs4proxy(options.obfs4proxy, "client", "meek_lite", directory))
+            finally:
+                if saved is None:
+                    del os.environ["SSL_CERT_FILE"]
+                else:
+                    os.environ["SSL_CERT_FILE"] = saved
+    except BaseException:
+        for child in started + ([front] if front else []):
+            child.stop()
+        raise
+    args = {"url": "https://%s/meek/" % WEBTUNNEL_NAME, "front": "127.0.0.1:%d" % front.address[1]}
+    return started, front, args
+
+
 def start_pair(options, client_kind, server_kind, transport, sink, state_dir, extra=(), env=None,
                program=None):
     """Start the server (forwarding to the sink), then the client. Returns [client, server].
@@ -173,7 +210,10 @@ class Setup:
                 self.front = start_nginx(state_dir, self.sink.address, ca)
                 self.route = UpgradeRoute(self.front.front, ca.ca_file)
                 return
-            if self.transport == "webtunnel":
+            if self.transport == "meek":
+                self.children, self.front, args = start_meek(self.options, self.name,
+                                                             self.sink.address, state_dir)
+            elif self.transport == "webtunnel":
                 # The SOCKS target is a placeholder: webtunnel dials url='s host.
                 self.children, self.front, args = start_webtunnel(self.options, self.name,
                                                                   self.sink.address, state_dir)

@@ -501,6 +501,61 @@ def explain_tls(conv, index, hello):
                            conv.role_name(index), conv.role_name(1 - index))
 
 
+# --- meek: requests and answers, and the rhythm of an idle session's polls ------------
+
+def exchanges(flow, client=0):
+    """[(time, client bytes, server bytes)]: each run of the client's packets and the
+    server's packets after it, from a conversation's ``flow`` (a request and its answer,
+    for a protocol that takes turns, as HTTP/1.1 does)."""
+    found = []
+    for when, side, size in flow:
+        if side == client and (not found or found[-1][2]):
+            found.append([when, 0, 0])
+        if not found:
+            continue
+        found[-1][1 if side == client else 2] += size
+    return [tuple(each) for each in found]
+
+
+def polling_rhythm(turns, small=2000):
+    """The gaps (seconds) between consecutive small exchanges (polls: a request and an
+    answer that carry no payload worth the name), and whether a run of at least four
+    grows by about 1.5 times each (meek's idle schedule: 0.1 s x 1.5 up to 5 s)."""
+    gaps = []
+    run = best = 0
+    for before, after in zip(turns, turns[1:]):
+        if max(before[1], before[2], after[1], after[2]) > small or before[0] is None:
+            run = 0
+            continue
+        gap = after[0] - before[0]
+        if gaps and 1.3 <= gap / max(gaps[-1], 1e-6) <= 1.7:
+            run += 1
+            best = max(best, run)
+        else:
+            run = 0
+        gaps.append(gap)
+    return gaps, best >= 3
+
+
+def meek_lines(conv):
+    """What detect says of a TLS stream's shape: its exchanges and any polling rhythm."""
+    client = conv.initiator or 0
+    turns = exchanges(conv.flow, client)
+    if len(turns) < 2:
+        return []
+    sizes = sorted(turn[1] for turn in turns)
+    lines = ["exchanges: %d (client bytes then server bytes each; a client's bytes: median %d, "
+             "max %d)" % (len(turns), sizes[len(sizes) // 2], sizes[-1])]
+    gaps, growing = polling_rhythm(turns)
+    if gaps:
+        shown = ", ".join("%.2f" % gap for gap in gaps[:10]) + (" ..." if len(gaps) > 10 else "")
+        lines.append("gaps between small exchanges (s): " + shown)
+    if growing:
+        lines.append("the gaps grow by about 1.5 times each: the idle polling of meek "
+                     "(100 ms x 1.5 up to 5 s), a series of HTTP requests inside TLS")
+    return lines
+
+
 # --- Commands ----------------------------------------------------------------------
 
 def draw(command, conversations, tests, drawn, path, out):
@@ -556,6 +611,8 @@ def run_detect(conversations, secret_hash, iterations, out, tests=None):
             flow = tls_in_tls.analyse(conv, tls[0])
             if flow is not None:
                 print("\n".join("  " + line for line in tls_in_tls.flow_lines(flow)), file=out)
+            for line in meek_lines(conv):
+                print("  %s" % line, file=out)
         print("  work: %s" % work, file=out)
         print("  %s" % encrypted, file=out)
         if tls and first is not None and first.looks_like == "TLS":

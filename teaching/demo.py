@@ -21,6 +21,8 @@ obfs4      the bridge's identity, the representatives, marks and MACs, the ntor
 webtunnel  the bridge line's synthetic address, the ClientHello field by field with its
            SNI and JA4, every TLS record of both directions as a censor sees it and as
            the key log opens it, the upgrade and the 101 inside, the raw stream after
+meek       the POSTs and their answers read off the wire (plain HTTP in the demo), the
+           bodies joined back into the message and its echo, and the polling rhythm
 dummy      the baseline: the application's bytes, unchanged
 =========  ===========================================================================
 
@@ -48,7 +50,7 @@ import sys
 import textwrap
 
 from outbound import format_address
-from teaching import capture, demo_obfs, demo_webtunnel, pictures, present
+from teaching import capture, demo_meek, demo_obfs, demo_webtunnel, pictures, present
 from teaching.demo_base import (
     MESSAGE,
     SHOW_FRAMES,
@@ -246,5 +248,9 @@ def walk_dummy(walk):
 # Each transport's own walk (the generic one for a transport that has none), and what it
 # needs around the demo connection (webtunnel: its certificate and key log).
 WALKS = {"dummy": walk_dummy, "obfs2": demo_obfs.walk_obfs2, "obfs3": demo_obfs.walk_obfs3,
-         "obfs4": demo_obfs.walk_obfs4, "webtunnel": demo_webtunnel.walk_webtunnel}
-STAGES = {"obfs4": demo_obfs.Obfs4Stage, "webtunnel": demo_webtunnel.WebTunnelStage}
+         "obfs4": demo_obfs.walk_obfs4, "webtunnel": demo_webtunnel.walk_webtunnel,
+         "meek": demo_meek.walk_meek}
+STAGES = {"obfs4": demo_obfs.Obfs4Stage, "webtunnel": demo_webtunnel.WebTunnelStage,
+          "meek": demo_meek.MeekStage}
+OBSERVER["meek"] = demo_meek.OBSERVER
+WALKS["meek_lite"], STAGES["meek_lite"] = WALKS["meek"], STAGES["meek"]   # obfs4proxy's name

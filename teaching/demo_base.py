@@ -153,11 +153,14 @@ def echo_service():
 
     def serve_one(conn):
         with conn:
-            while True:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                conn.sendall(data)
+            try:
+                while True:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    conn.sendall(data)
+            except OSError:     # reset by the stop: a meek session outlives its client's tunnel
+                return
 
     def accept_loop():
         while True:

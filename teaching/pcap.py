@@ -229,22 +229,34 @@ class Conversation:
     SYN, or a recording's file name), else None and both roles are tried.
     ``first_packets``: each side's first TCP payload (None: packet boundaries are
     not known, as in a recording). ``time``: unix time of its first packet (a
-    recording: its file's modification time), or None. ``packets``: each side's TCP
-    packets with data, [(unix time, payload bytes)] in capture order (retransmits too:
-    a censor sees them), or None for a recording. ``timeline``: each captured
+    recording: its file's modification time), or None. ``timeline``: each captured
     segment with data, in capture order, as (time, side, first byte's offset in that
-    side's stream, offset after its last byte); None for a recording, which keeps no
-    order between its two directions.
+    side's stream, offset after its last byte), side 0 for ``ends[0]`` (retransmits too:
+    a censor sees them); None for a recording, which keeps no packets. ``flow`` and
+    ``packets`` are views of it.
     """
 
     def __init__(self, name, ends, streams, initiator=None, notes=(), first_packets=(None, None),
-                 time=None, packets=None, timeline=None):
-        self.name, self.ends, self.streams, self.packets = name, ends, streams, packets
+                 time=None, timeline=None):
+        self.name, self.ends, self.streams = name, ends, streams
         self.initiator = initiator
         self.notes = list(notes)
         self.first_packets = tuple(first_packets)
         self.time = time
         self.timeline = timeline
+
+    @property
+    def flow(self):
+        """[(time, side, bytes)] of each packet that carried data (empty for a recording)."""
+        return [(when, side, end - start) for when, side, start, end in self.timeline or ()]
+
+    @property
+    def packets(self):
+        """Each side's packets with data, [(time, bytes)], or None for a recording."""
+        if self.timeline is None:
+            return None
+        return tuple([(when, size) for when, side, size in self.flow if side == index]
+                     for index in (0, 1))
 
     def role_name(self, index):
         """'initiator', or '127.0.0.1:5000 (initiator)' when the capture names the ends."""
@@ -277,8 +289,7 @@ class TcpTable:
             conn = None                                # a new connection on the same ports
         if conn is None:
             conn = {"ends": (segment.src, segment.dst), "initiator": None, "time": when,
-                    "first_seq": [None, None], "segments": ([], []), "packets": ([], []), "cut": 0,
-                    "order": []}
+                    "first_seq": [None, None], "segments": ([], []), "cut": 0, "order": []}
             self._current[key] = conn
             self.connections.append(conn)
         side = conn["ends"].index(segment.src)
@@ -291,7 +302,6 @@ class TcpTable:
         if segment.payload:
             conn["order"].append((when, side, len(conn["segments"][side])))
             conn["segments"][side].append((seq, segment.payload))
-            conn["packets"][side].append((when, len(segment.payload)))
         conn["cut"] += segment.cut
 
     def conversations(self):
@@ -309,15 +319,14 @@ class TcpTable:
             if conn["cut"]:
                 notes.append("%d packet(s) were cut at the capture's snapshot length" % conn["cut"])
             ends = tuple(format_address(end) for end in conn["ends"])
-            packets = conn["packets"]
             timeline = _timeline(conn)
             if conn["initiator"] == 1:
-                ends, streams, firsts, packets = ends[::-1], streams[::-1], firsts[::-1], packets[::-1]
+                ends, streams, firsts = ends[::-1], streams[::-1], firsts[::-1]
                 timeline = [(when, 1 - side, start, end) for when, side, start, end in timeline]
             initiator = None if conn["initiator"] is None else 0
             arrow = "->" if initiator == 0 else "<->"
             yield Conversation("%s %s %s" % (ends[0], arrow, ends[1]), ends, tuple(streams),
-                               initiator, notes, firsts, conn["time"], tuple(packets), timeline)
+                               initiator, notes, firsts, conn["time"], timeline)
 
 
 def _timeline(conn):

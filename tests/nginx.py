@@ -68,6 +68,40 @@ server {{
 }}
 """
 
+# The same for a meek bridge (meek.py): the POSTs to the path go to the bridge over
+# keep-alive connections (one of them carries requests of many sessions), with the
+# client's address; the answer passes on as it comes (a poll waits for Tor's bytes).
+MEEK_SERVER_BLOCK = """\
+upstream meek_bridge {{
+    server {backend};
+    keepalive 32;                   # idle keep-alive connections kept to the bridge
+}}
+server {{
+    listen {listen} ssl;
+    server_name {server_name};
+    ssl_certificate {cert_file};
+    ssl_certificate_key {key_file};
+    ssl_protocols TLSv1.2 TLSv1.3;
+    access_log off;
+    server_tokens off;
+
+    location = {path} {{
+        proxy_pass http://meek_bridge;
+        proxy_http_version 1.1;                   # keep-alive to the bridge needs HTTP/1.1 ...
+        proxy_set_header Connection "";           # ... and no "Connection: close"
+        proxy_set_header Host $host;
+        proxy_set_header X-Forwarded-For $remote_addr;   # for Tor's Extended ORPort
+        proxy_buffering off;
+        client_body_buffer_size 128k;             # a 64 KiB body stays in memory, not a file
+    }}
+
+    location / {{
+        default_type text/html;
+        return 200 "{cover}";
+    }}
+}}
+"""
+
 COVER = "<html><body><h1>Welcome</h1></body></html>\\n"
 
 # nginx as a child process of the tests: the foreground, one process, its files in {dir}.
@@ -162,7 +196,7 @@ class Nginx:
     START_SECONDS = 20.0
 
     def __init__(self, directory, backend, cert_file, key_file, path="/SECRET",
-                 server_name="wt.test", binary=None, variant=None):
+                 server_name="wt.test", binary=None, variant=None, block=None):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.binary = binary or find_nginx()
@@ -173,6 +207,7 @@ class Nginx:
                              path=path, backend="%s:%d" % tuple(backend[:2]), cover=COVER)
         self.process = None
         self.variant = variant
+        self.block = block or SERVER_BLOCK     # MEEK_SERVER_BLOCK for a meek bridge
         for _ in range(self.TRIES):
             if self._start(free_port()):
                 return
@@ -186,7 +221,7 @@ class Nginx:
     def _start(self, port):
         """Start on ``port``; True once it accepts, False if the port was taken."""
         self.address = ("127.0.0.1", port)
-        server = SERVER_BLOCK.format(listen="127.0.0.1:%d" % port, **self.settings)
+        server = self.block.format(listen="127.0.0.1:%d" % port, **self.settings)
         if self.variant is not None:
             change = VARIANTS[self.variant]
             lines = server.splitlines(True)
@@ -255,4 +290,7 @@ class Nginx:
 
 
 if __name__ == "__main__":
-    print(SERVER_BLOCK.format(**EXAMPLE), end="")
+    import sys
+    meek = sys.argv[1:] == ["meek"]     # the meek bridge's block
+    print((MEEK_SERVER_BLOCK if meek else SERVER_BLOCK).format(
+        **dict(EXAMPLE, path="/meek/", backend="127.0.0.1:15001") if meek else EXAMPLE), end="")

@@ -98,9 +98,11 @@ def test_bindaddrs_malformed(text):
 
 
 def test_transport_names():
-    assert managed.parse_transports("obfs4,obfs2, obfs2,meek") == (["obfs4", "obfs2"], ["meek"])
-    assert managed.parse_transports("*") == (["webtunnel", "obfs4", "obfs3", "obfs2", "dummy"], [])
-    assert managed.parse_transports("dummy,*") == (["dummy", "webtunnel", "obfs4", "obfs3", "obfs2"], [])
+    assert managed.parse_transports("obfs4,obfs2, obfs2,snowflake") == (["obfs4", "obfs2"], ["snowflake"])
+    assert managed.parse_transports("*") == (["meek", "meek_lite", "webtunnel", "obfs4", "obfs3", "obfs2",
+                                             "dummy"], [])
+    assert managed.parse_transports("dummy,*") == (
+        ["dummy", "meek", "meek_lite", "webtunnel", "obfs4", "obfs3", "obfs2"], [])
     assert managed.parse_transports("") == ([], [])
 
 
@@ -264,13 +266,13 @@ def test_env_error(tmp_path, case):
 
 
 def test_unknown_transports_are_ignored(tmp_path):
-    env = client_env(tmp_path, "scramblesuit,meek")
-    env.update(server_env(tmp_path, ("127.0.0.1", 9), "meek", "meek-127.0.0.1:0"))
+    env = client_env(tmp_path, "scramblesuit,snowflake")
+    env.update(server_env(tmp_path, ("127.0.0.1", 9), "snowflake", "snowflake-127.0.0.1:0"))
     pt, status = run_to_exit(env)
     assert pt.keywords() == ["VERSION", "CMETHODS DONE", "SMETHODS DONE"]
     assert status == 0   # nothing to serve: exit, nothing bound
 
-    with ManagedPT(client_env(tmp_path, "scramblesuit,obfs2,meek")) as pt:
+    with ManagedPT(client_env(tmp_path, "scramblesuit,obfs2,snowflake")) as pt:
         assert pt.keywords() == ["VERSION", "CMETHOD", "CMETHODS DONE"]
         assert list(pt.cmethods) == ["obfs2"]
 
@@ -287,10 +289,14 @@ def test_star_client_and_server_in_one_process(tmp_path):
         env.update(server_env(tmp_path, echo.address, "*",
                               ",".join("%s-127.0.0.1:0" % name for name in ["webtunnel"] + names)))
         with ManagedPT(env, mode="--managed") as pt:   # the older torrc spelling
-            assert pt.keywords() == ["VERSION"] + ["CMETHOD"] * 5 + ["CMETHODS DONE"] + \
-                ["SMETHOD-ERROR"] + ["SMETHOD"] * 4 + ["SMETHODS DONE"]
-            assert pt.stdout.lines[7] == "SMETHOD-ERROR webtunnel missing url parameter"
-            assert list(pt.cmethods) == ["webtunnel"] + names and list(pt.smethods) == names
+            assert pt.keywords() == ["VERSION"] + ["CMETHOD"] * 7 + ["CMETHODS DONE"] + \
+                ["SMETHOD-ERROR"] * 3 + ["SMETHOD"] * 4 + ["SMETHODS DONE"]
+            assert pt.stdout.lines[9:12] == [
+                "SMETHOD-ERROR meek no address for it in TOR_PT_SERVER_BINDADDR",
+                "SMETHOD-ERROR meek_lite no address for it in TOR_PT_SERVER_BINDADDR",
+                "SMETHOD-ERROR webtunnel missing url parameter"]
+            assert list(pt.cmethods) == ["meek", "meek_lite", "webtunnel"] + names
+            assert list(pt.smethods) == names
             args = {f["name"]: f["args"] for k, f in pt.messages if k == "SMETHOD"}
             announced = args["obfs4"]
             assert re.fullmatch(r"cert=[A-Za-z0-9+/]{70},iat-mode=0", announced), announced

@@ -912,3 +912,78 @@ def test_a_transient_icmp_error_does_not_end_a_tunnel():
         pump.stop()
         for sock in (sniffer, app, upstream, downstream, peer):
             sock.close()
+
+
+# --- The seam for a connection a transport owns (transports.py) ---------------------------
+
+class Owned:
+    """A pump object of the kind a transport may own: it watches one socket of a pair at
+    a time and moves to the other when told (``switch``, from any thread, then a nudge);
+    ``events`` records what woke it. It finishes once it has read from both."""
+
+    pump = None
+    finished = False
+
+    def __init__(self, first, second):
+        import selectors
+        self.upstream, self.downstream = first, second
+        self.current = first
+        self.registered = {}
+        self.read = []
+        self.nudges = 0
+        self.READ = selectors.EVENT_READ
+        self.ended = threading.Event()
+        self.error = None
+
+    def start(self, buffers):
+        pass
+
+    def watch(self):
+        return {self.current: self.READ}, None
+
+    def handle(self, ready, share=None):
+        if not ready:
+            self.nudges += 1
+        for sock, _ in ready:
+            assert sock is self.current, "stepped for a socket it let go of"
+            self.read.append(sock.recv(10))
+        self.finished = len(self.read) == 2
+
+    def abort(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_a_pump_object_may_change_its_sockets_and_be_nudged_from_another_thread():
+    """The pump registers the socket an object newly watches, lets go of the one it no
+    longer names (bytes on it then wake nothing), steps it on Pump.nudge from any thread,
+    and gives it ``pump`` when the object has that attribute."""
+    a, a_peer = socket.socketpair()
+    b, b_peer = socket.socketpair()
+    pump = relay_.Pump("owned")
+    owned = Owned(a, b)
+    done = threading.Event()
+    try:
+        pump.add(owned, lambda error: (setattr(owned, "error", error), done.set()))
+        assert owned.pump is pump
+        a_peer.sendall(b"one")
+        deadline = time.monotonic() + 10
+        while not owned.read:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)     # polling the object's record (a real condition)
+        owned.current = b        # from this thread: the pump learns of it at the nudge
+        pump.nudge(owned)
+        deadline = time.monotonic() + 10
+        while not owned.nudges or owned.current not in owned.registered or a in owned.registered:
+            assert time.monotonic() < deadline     # stepped, b registered and a let go of
+            time.sleep(0.01)
+        a_peer.sendall(b"ignored")   # a is no longer watched: it wakes nothing
+        b_peer.sendall(b"two")
+        assert done.wait(10) and owned.error is None
+        assert owned.read == [b"one", b"two"]
+    finally:
+        pump.stop()
+        for sock in (a, a_peer, b, b_peer):
+            sock.close()
