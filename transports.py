@@ -309,7 +309,9 @@ class Recorder:
 
     def __getattr__(self, name):
         if name in ("connection", "serve"):
-            method = getattr(type(self.inner), name)     # AttributeError: the inner has none
+            # the innermost transport's class (recorders may be stacked: --record-dir's
+            # under the demo's); AttributeError: it has none
+            method = getattr(type(innermost(self.inner)), name)
             return lambda *args: method(self, *args)
         if name in self._PASSED:
             return getattr(self.inner, name)

@@ -108,8 +108,11 @@ class Page(html.parser.HTMLParser):
             tag, attrs, text = self._figure["svg"][-1]
             self._figure["svg"][-1] = (tag, attrs, text + data)
 
-    def of(self, kind, section=None):
-        return [f for f in self.figures if f["kind"] == kind and (section is None or section in f["section"])]
+    def of(self, kind, section=None, exact=False):
+        """The figures of ``kind`` in the sections whose heading holds ``section`` (is it,
+        with ``exact``: "demo --transport=meek" is not "demo --transport=meek_lite")."""
+        return [f for f in self.figures if f["kind"] == kind and (
+            section is None or (f["section"] == section if exact else section in f["section"]))]
 
 
 def read_page(path):
@@ -357,7 +360,7 @@ def test_the_all_page_sets_every_transport_side_by_side(all_pages):
     # that transport's own section.
     compared, = page.of("handshake", "side by side")
     for name in KINDS:
-        own, = page.of("handshake", "demo --transport=%s" % name)
+        own, = page.of("handshake", "demo --transport=%s" % name, exact=True)
         for direction in pictures.DIRECTIONS:
             mine = [row[4:] for row in own["rows"] if row[1] == direction and row[2] == "write 1"]
             there = [row[4:] for row in compared["rows"] if row[1] == direction
