@@ -44,7 +44,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import listener
 import outbound
@@ -479,7 +478,7 @@ def start_clients(server, tor, base, cli_options, names, proxy_uri, tor_asked_fo
             continue
         address = format_address(bound)
         log.log(NOTICE, "%s client listening on %s (SOCKS4/4a/5)%s", name, address,
-                " via a %s proxy" % urlsplit(proxy_uri).scheme if proxy_uri else "")
+                " via a %s proxy" % outbound.parse_proxy_uri(proxy_uri).scheme if proxy_uri else "")
         tor.say("CMETHOD", name, "socks5", address)
     tor.say("CMETHODS DONE")
 
