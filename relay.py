@@ -31,12 +31,13 @@ The rules every direction follows (sshuttle's ``ssnet.py`` is the model):
   plaintext decoded before the error (its ``data``) has been delivered.
 
 Why one thread for every relay: the GIL lets one thread run Python at a time, so
-thousands of relay threads only fought over it. Measured on the 2-core test
-machine before this design: 5,000 idle tunnels closed at once woke 5,000
-threads and took about a minute and ~100 CPU-s, SIGTERM unanswered meanwhile;
-a parking poller plus a relay gate (round 3) brought that to 0.63 s and 0.74
-CPU-s, with three schedulers for one state machine. One pump does the same
-work with one scheduler (figures in the README's Performance section).
+thousands of relay threads only fight over it. Measured on a 2-core machine
+with a thread per relay: 5,000 idle tunnels closed at once woke 5,000 threads
+and took about a minute and ~100 CPU-s, SIGTERM unanswered meanwhile; a
+parking poller plus a gate in front of the relay threads brought that to
+0.63 s and 0.74 CPU-s, with three schedulers for one state machine. One pump
+does the same work with one scheduler (figures in the README's Performance
+section).
 """
 
 import errno
