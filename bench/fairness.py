@@ -61,8 +61,6 @@ import routes  # noqa: E402
 import setups  # noqa: E402
 import traffic  # noqa: E402
 
-import bench  # noqa: E402  (bench.py's setups, sink, SOCKS route and tables are reused)
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_SETUPS = ("ours-obfs4", "o4p-obfs4", "ours-obfs2", "o4p-obfs2")
 TESTS = ("latency", "iat2", "storm", "attack")
@@ -535,7 +533,7 @@ def parse_options(argv):
     parser.add_argument("--storm", type=int, help="connections in the storm [2000]")
     parser.add_argument("--slow", type=int, help="slow attack connections [2000]")
     parser.add_argument("--silent", type=int, help="silent attack connections [2048]")
-    parser.add_argument("--obfsproxy", default=os.path.join(bench.ROOT, "obfsproxy.py"))
+    parser.add_argument("--obfsproxy", default=os.path.join(setups.ROOT, "obfsproxy.py"))
     parser.add_argument("--obfs4proxy", default=shutil.which("obfs4proxy") or "/usr/bin/obfs4proxy")
     parser.add_argument("--json", metavar="PATH")
     options = parser.parse_args(argv)
@@ -638,7 +636,7 @@ def main(argv=None):
         sink.stop()
     print()
     print("fairness, %s; obfsproxy.py %s; took %.0f s"
-          % (time.strftime("%Y-%m-%d %H:%M"), bench.describe_tree(options.obfsproxy),
+          % (time.strftime("%Y-%m-%d %H:%M"), machine.describe_tree(options.obfsproxy),
              time.monotonic() - began))
     print()
     print(tables(results, options))
