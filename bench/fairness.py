@@ -144,9 +144,10 @@ def bulk_main(spec, count):
             moved[key.data] += got
 
 
-def probe_main(spec, window, tunnels):
+def probe_main(spec, window, tunnels, wait="0"):
     """``tunnels`` interactive tunnels echoing ECHO_SIZE bytes every ECHO_EVERY seconds
-    for ``window`` seconds; print the RTTs in seconds."""
+    for ``window`` seconds; print the RTTs in seconds. With ``wait`` "1", the tunnels
+    are opened first, "OPEN" is printed, and the window starts at a line on stdin."""
     be_nice()
     route = route_of(json.loads(spec))
     window, tunnels = float(window), int(tunnels)
@@ -156,8 +157,12 @@ def probe_main(spec, window, tunnels):
         sock = route.connect()
         sock.sendall(traffic.HEADER.pack(b"ECHO", 0) + b"w")
         traffic.recv_exact(sock, 1)
-        sock.setblocking(False)
         socks.append(sock)
+    if wait == "1":
+        print("OPEN", flush=True)
+        sys.stdin.readline()
+    for sock in socks:
+        sock.setblocking(False)
     selector = selectors.DefaultSelector()
     state = []                     # per tunnel: [sent at, bytes still due, next send at]
     now = time.monotonic()
@@ -486,16 +491,19 @@ def proc_counts(pid):
 
 def hold_phase(route, bridge, seconds, attack=None):
     """``seconds`` of a good client opening a tunnel every GOOD_EVERY s beside 5 echoing
-    tunnels, with ``attack`` = (slow, silent) sockets on the bridge, or none."""
+    tunnels (opened before the attack: live tunnels), with ``attack`` = (slow, silent)
+    sockets on the bridge, or none."""
     load, opened = None, {}
-    if attack:
-        load = Load("_attack", json.dumps(bridge.address), attack[0], attack[1])
-        opened = json.loads(load.line(timeout=300))
-    cpu_before = machine.cpu_seconds([bridge.pid])
-    echo = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_probe", spec_of(route),
-                             str(seconds), "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    echo = Load("_probe", spec_of(route), seconds, 5, 1)
     opens, failed, most = [], 0, [0, 0]
     try:
+        if echo.line(timeout=60) != "OPEN":
+            raise RuntimeError("the echoing tunnels did not open")
+        if attack:
+            load = Load("_attack", json.dumps(bridge.address), attack[0], attack[1])
+            opened = json.loads(load.line(timeout=300))
+        cpu_before = machine.cpu_seconds([bridge.pid])
+        echo.tell("GO")
         began = time.monotonic()
         end, tick = began + seconds, began
         while time.monotonic() < end:
@@ -509,20 +517,21 @@ def hold_phase(route, bridge, seconds, attack=None):
                 most[index] = max(most[index], count or 0)
             tick += GOOD_EVERY
             time.sleep(max(0.0, tick - time.monotonic()))
-        out, err = echo.communicate(timeout=seconds + 120)
-    finally:
-        if echo.poll() is None:
-            echo.kill()
-            echo.wait()
         cpu_after = machine.cpu_seconds([bridge.pid])
+        try:
+            rtts = sorted(json.loads(echo.line(timeout=seconds + 60))["rtts"])
+            echo_error = None
+        except (RuntimeError, ValueError, KeyError) as exc:    # a tunnel cut: said, not raised
+            rtts, echo_error = [], str(exc)[-200:]
+    finally:
+        echo.stop()
         if load:
             load.stop()
-    rtts = sorted(json.loads(out)["rtts"]) if echo.returncode == 0 else []
     opens.sort()
     p50, p99 = percentiles(opens)
     return {"open_p50": p50, "open_p99": p99, "open_max": opens[-1] * 1000 if opens else None,
             "failed": failed, "opens": len(opens), "rtt_p99": percentiles(rtts)[1],
-            "echo_error": None if echo.returncode == 0 else err.strip()[-200:],
+            "echo_error": echo_error,
             "cpu": None if None in (cpu_before, cpu_after) else cpu_after - cpu_before,
             "threads": most[0], "fds": most[1], "opened": opened.get("opened"),
             "refused": opened.get("refused")}
