@@ -29,7 +29,9 @@ TOR_PT_SERVER_TRANSPORT_OPTIONS and what it announces in SMETHOD ARGS
 Shutdown: SIGTERM stops at once; SIGINT stops accepting and lets live
 connections finish (a second SIGINT stops at once); with
 ``TOR_PT_EXIT_ON_STDIN_CLOSE=1`` the end of stdin stops at once; so does the
-death of the parent process (Tor), checked about once a second.
+death of the parent process (Tor), checked about once a second. A write to Tor
+that fails (Tor closed its end of our stdout) ends only what goes to Tor
+(``Announcer.broken``): whatever is logged then, those still stop the process.
 """
 
 import dataclasses
