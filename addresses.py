@@ -25,9 +25,34 @@ def parse_address(text, allow_port_zero=False):
         raise ValueError("%r: write IPv6 addresses as [ADDRESS]:PORT" % text)
     if "[" in host or "]" in host:
         raise ValueError("%r: brackets go around a whole IPv6 address: [ADDRESS]:PORT" % text)
+    problem = _host_problem(host, bracketed=text.startswith("["))
+    if problem:
+        raise ValueError("%r: %s" % (text, problem))
     if not re.fullmatch(r"[0-9]{1,5}", port) or not (0 if allow_port_zero else 1) <= int(port) <= 65535:
         raise ValueError("%r: bad port %r" % (text, port))
     return host, int(port)
+
+
+def _host_problem(host, bracketed):
+    """Why ``host`` (from HOST:PORT) can be no host, or None. A host name or
+    an IPv4 literal has no control character, space or ``%``; a bracketed
+    host is an IPv6 literal, with a zone (``fe80::1%eth0``) if any. What this
+    lets through is still checked by name resolution (and by outbound.py
+    before it goes into a proxy request); this keeps a line break or a space
+    out of every message and log line that shows an address."""
+    if any(not char.isprintable() or char.isspace() for char in host):
+        return "a host has no control character or space"
+    if bracketed:
+        address, _, zone = host.partition("%")
+        try:
+            ipaddress.IPv6Address(address)
+        except ValueError:
+            return "only an IPv6 address goes in brackets"
+        if "%" in host and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", zone):
+            return "an IPv6 zone is an interface name or number"
+    elif "%" in host:
+        return "a host has no % (an IPv6 zone goes inside the brackets)"
+    return None
 
 
 def format_address(address):

@@ -29,19 +29,23 @@ TOR_PT_SERVER_TRANSPORT_OPTIONS and what it announces in SMETHOD ARGS
 Shutdown: SIGTERM stops at once; SIGINT stops accepting and lets live
 connections finish (a second SIGINT stops at once); with
 ``TOR_PT_EXIT_ON_STDIN_CLOSE=1`` the end of stdin stops at once; so does the
-death of the parent process (Tor), checked about once a second.
+death of the parent process (Tor), checked about once a second. A write to Tor
+that fails (Tor closed its end of our stdout) ends only what goes to Tor
+(``Announcer.broken``): whatever is logged then, those still stop the process.
 """
 
 import dataclasses
+import errno
 import ipaddress
 import logging
 import os
 import re
+import select
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import listener
 import outbound
@@ -71,7 +75,12 @@ class Announcer:
     """Writes PT messages to Tor, one whole line per call, flushed at once.
 
     ``write`` takes one line of text (with its newline). Thread-safe, and
-    never raises: if Tor stopped listening, the line is only logged.
+    never raises. Once a write fails (Tor closed its end of our stdout, or
+    stopped reading it: ``write`` raises), Tor is gone for good: ``broken``
+    is set, that is logged once to our own log, and every later line is
+    dropped. The process carries on, so stdin's end or a signal can still
+    stop it. Nothing is logged while the lock is held: a log line may come
+    back here through TorLog, from this very thread.
     """
 
     def __init__(self, write):
@@ -79,6 +88,7 @@ class Announcer:
         self._lock = threading.Lock()
         self.configured = False      # True after the last *METHODS DONE
         self.errors = 0              # CMETHOD-ERROR and SMETHOD-ERROR lines said
+        self.broken = False          # a write to Tor failed: nothing more is written
 
     def say(self, *words):
         method_error = bool(words) and words[0] in ("CMETHOD-ERROR", "SMETHOD-ERROR")
@@ -87,17 +97,29 @@ class Announcer:
         line = "".join(ch if ch.isprintable() else "?" for ch in " ".join(words))
         if words and words[0].endswith("-ERROR"):   # an error carries no secret value (ARGS may)
             line = SECRETS.sub(r"\1[scrubbed]", line)
+        failure = None
         with self._lock:
-            try:
-                self._write(line + "\n")
-            except (OSError, ValueError) as exc:
-                log.warning("cannot write to Tor's stdout pipe: %s", exc)
+            if not self.broken:
+                try:
+                    self._write(line + "\n")
+                except (OSError, ValueError) as exc:
+                    self.broken = True
+                    failure = exc
+        if failure is not None:
+            log.warning("cannot write to Tor's stdout pipe (%s): no more lines go to Tor",
+                        getattr(failure, "strerror", None) or failure, extra={"told_tor": True})
         if method_error:
             # Our log says why a transport is not listening, as Tor's log does
             # (TorLog does not send it back to Tor as a LOG line).
             log.warning("%s", line.partition(" ")[2].replace(" ", ": ", 1), extra={"told_tor": True})
         else:
             log.debug("to Tor: %s", SECRETS.sub(r"\1[scrubbed]", line))
+
+
+# How long one line to Tor may wait for room in the pipe: Tor reads its
+# transports' stdout at once, so a pipe full for this long means Tor is stuck
+# or gone, and waiting longer would hold every thread that logs a failure.
+WRITE_TIMEOUT = 5.0
 
 
 def take_stdout():
@@ -125,10 +147,21 @@ def take_stdout():
     os.dup2(err, fd)
     sys.stdout = sys.stderr
 
+    if sys.platform != "win32":           # select() takes no pipe there: a plain blocking write
+        os.set_blocking(private, False)   # see WRITE_TIMEOUT
+
     def write_fd(line):
         data = line.encode("utf-8", "replace")   # bytes: "\n", never "\r\n"
+        end = None
         while data:
-            data = data[os.write(private, data):]
+            try:
+                data = data[os.write(private, data):]
+            except BlockingIOError:
+                now = time.monotonic()
+                end = end or now + WRITE_TIMEOUT
+                if now >= end or not select.select([], [private], [], end - now)[1]:
+                    raise OSError(errno.ETIMEDOUT, "Tor has not read its pipe for %.0f s"
+                                  % WRITE_TIMEOUT)
     return Announcer(write_fd)
 
 
@@ -348,7 +381,7 @@ class TorLog(logging.Handler):
     def emit(self, record):
         if record.levelno < logging.WARNING and not getattr(record, "failure", False):
             return
-        if getattr(record, "told_tor", False):   # a *METHOD-ERROR line already said it
+        if getattr(record, "told_tor", False) or self.tor.broken:   # said already, or no Tor
             return
         try:
             text = SECRETS.sub(r"\1[scrubbed]", record.getMessage())
@@ -447,7 +480,7 @@ def start_clients(server, tor, base, cli_options, names, proxy_uri, tor_asked_fo
             continue
         address = format_address(bound)
         log.log(NOTICE, "%s client listening on %s (SOCKS4/4a/5)%s", name, address,
-                " via a %s proxy" % urlsplit(proxy_uri).scheme if proxy_uri else "")
+                " via a %s proxy" % outbound.parse_proxy_uri(proxy_uri).scheme if proxy_uri else "")
         tor.say("CMETHOD", name, "socks5", address)
     tor.say("CMETHODS DONE")
 

@@ -13,19 +13,22 @@ The files, in the state directory (created 0700, files 0600, as obfs4proxy does)
                            "drbg-seed":"..","iat-mode":0}   hex, written as Go writes it
     obfs4_bridgeline.txt  the client's Bridge line, with placeholders for the address
 
-Both are rewritten at every start; "public-key" is never trusted on load (B is
+Both are written at a start that changes them (atomically: ``_write_file``), and
+left alone otherwise; "public-key" is never trusted on load (B is
 recomputed from b). ``load_or_create_state`` gives the order of the steps. A directory
 or file that an operator opened to other users (chmod 755, 644) keeps its mode, and the
 bridge says so at WARNING on every start, as ssh does for a private key.
 """
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
 import shlex
+import tempfile
 from pathlib import Path
 
 from cryptoroutes.curve25519 import x25519_base
@@ -148,13 +151,29 @@ def state_json(state):
     return text.encode("utf-8")
 
 
+# Go's encoding/json matches a name to a field by Unicode simple case folding. The
+# field names are ASCII; besides ASCII letters of the other case, only these two
+# characters fold to one of their letters.
+_FOLDS_TO_ASCII = {"\u017f": "s", "\u212a": "k"}     # LATIN SMALL LONG S, KELVIN SIGN
+
+
+def _field_name(key):
+    """The STATE_FIELDS name that Go's json.Unmarshal would fill from ``key``, or None."""
+    folded = "".join(char.lower() if ord(char) < 128 else _FOLDS_TO_ASCII.get(char, char)
+                     for char in key)
+    return folded if folded in dict(STATE_FIELDS) else None
+
+
 def _read_state(path):
-    """The fields of an existing obfs4_state.json. Like Go's json.Unmarshal into a struct:
-    names match case-insensitively, unknown fields are dropped, null is the zero value,
-    wrong types are errors. ValueError naming the file; OSError if it cannot be read."""
+    """The fields of an existing obfs4_state.json, read as Go's json.Unmarshal reads it
+    into a struct: names match by simple case folding ("NODE-ID", "drbg-\u017feed"),
+    unknown fields are dropped, null is the zero value, wrong types are errors, and a
+    byte sequence that is not UTF-8 reads as U+FFFD (inside a string it passes; an
+    ignored field may hold one; anywhere else it is no JSON). ValueError naming the
+    file; OSError if it cannot be read."""
     try:
-        loaded = json.loads(path.read_bytes().decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
+        loaded = json.loads(path.read_bytes().decode("utf-8", "replace"))
+    except ValueError as error:
         raise ValueError("failed to load statefile '%s': %s" % (path, error))
     except RecursionError:               # [[[[... deeper than Python's stack (Go allows 10,000)
         raise ValueError("failed to load statefile '%s': nested too deeply" % path)
@@ -163,12 +182,12 @@ def _read_state(path):
     state = {"node-id": "", "private-key": "", "public-key": "", "drbg-seed": "", "iat-mode": 0}
     types = dict(STATE_FIELDS)
     for key, value in loaded.items():
-        name = key.lower()
-        if name not in types or value is None:
+        name = _field_name(key)
+        if name is None or value is None:
             continue
         if type(value) is not types[name]:
             raise ValueError("failed to load statefile '%s': '%s' must be a %s"
-                             % (path, key, "string" if types[name] is str else "integer"))
+                             % (path, name, "string" if types[name] is str else "integer"))
         state[name] = value
     return state
 
@@ -208,10 +227,50 @@ def read_identity(state_dir):
 
 
 def _write_file(path, data):
-    """Write ``data``, creating the file with mode 0600; an existing file keeps its mode."""
-    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    """Make the file at ``path`` hold ``data``, so that a crash, a full disk or a
+    power cut at any moment leaves either the old file or the new one, never a
+    short one: obfs4_state.json holds the bridge's private key, and the bridge
+    lines handed out depend on it. Nothing is written when the file already
+    holds ``data``. Otherwise a temporary file in the same directory gets the
+    data, the mode of the file it replaces (0600 for a new one) and an fsync,
+    is renamed over it, and the directory is fsynced so the rename lasts. A
+    symbolic link is followed: its target is replaced."""
+    path = Path(os.path.realpath(str(path)))
+    try:
+        if path.read_bytes() == data:
+            return
+        mode = os.stat(str(path)).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o600
+    fd, temporary = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=str(path.parent))
+    try:
+        try:
+            if POSIX_MODES:
+                os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, str(path))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _sync_directory(path.parent)
+
+
+def _sync_directory(path):
+    """fsync a directory, so that a rename in it survives a crash (POSIX only:
+    Windows cannot open a directory, and makes a rename durable itself)."""
+    if not POSIX_MODES:
+        return
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _make_state_dir(path):
@@ -239,7 +298,8 @@ def load_or_create_state(state_dir, options, randbytes=os.urandom):
        identity from ``randbytes`` and write it.
     2. iat-mode in ``options`` overrides ("malformed iat-mode 'x'", "invalid iat-mode '3'").
     3. Write obfs4_bridgeline.txt, then write the state back (public-key verbatim: it is
-       ignored on load and recomputed from private-key).
+       ignored on load and recomputed from private-key); a file that already holds
+       those bytes is left alone, another is replaced whole (``_write_file``).
 
     Files are created 0600, directories 0700; a directory or file that exists keeps its
     mode, and one open to group or others adds a ``WarningNote`` (``loose_modes``).

@@ -35,7 +35,7 @@ import struct
 import sys
 import time
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import socks
 from addresses import format_address, is_ip_literal, is_loopback, parse_address  # noqa: F401
@@ -264,33 +264,51 @@ class ExtORPortError(OSError):
 ProxyURI = collections.namedtuple("ProxyURI", "scheme host port username password")
 
 
+_SHAPE = "TYPE://[USER[:PASS]@]HOST:PORT"
+
+
 def parse_proxy_uri(text):
     """'socks5://user:pass@127.0.0.1:1080' -> ProxyURI; ProxyURIError says why not.
 
     Types (pt-spec 3.2.2): socks5 (optional RFC 1929 user and password),
     socks4a (optional user id, no password), http (CONNECT, optional basic
     auth). User and password are percent-decoded.
+
+    The user and password run up to the last ``@``, so a password may hold
+    ``/``, ``?``, ``#`` or ``@`` as typed (a URL parser would end the address
+    at the first of them and take part of the password for the port). An
+    error names the part that is wrong, never its text: the password is in
+    there, and the message reaches stderr or Tor's log (PROXY-ERROR).
     """
     try:
         text.encode("utf-8")  # an environment value may carry undecodable bytes (surrogates)
-        parts = urlsplit(text)
-        host, port = parts.hostname, parts.port
     except UnicodeError:
         raise ProxyURIError("the proxy URI is not valid UTF-8 text")
-    except ValueError as exc:
-        raise ProxyURIError("not a proxy URI (TYPE://[USER[:PASS]@]HOST:PORT): %s" % exc)
-    scheme = parts.scheme.lower()
-    if scheme not in ("socks5", "socks4a", "http"):
-        raise ProxyURIError("unsupported proxy type %r (socks5, socks4a or http)" % parts.scheme)
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ProxyURIError("a proxy URI has only TYPE://[USER[:PASS]@]HOST:PORT")
-    if not host or not port:
-        raise ProxyURIError("the proxy URI needs a host and a port")
+    scheme, sep, rest = text.partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,15}", scheme):
+        raise ProxyURIError("not a proxy URI (%s): it does not start with TYPE://" % _SHAPE)
+    if scheme.lower() not in ("socks5", "socks4a", "http"):
+        raise ProxyURIError("unsupported proxy type %r (socks5, socks4a or http)" % scheme)
+    scheme = scheme.lower()
+    userinfo, at, address = rest.rpartition("@")
+    if address.endswith("/"):
+        address = address[:-1]
+    if any(char in address for char in "/?#"):
+        raise ProxyURIError("a proxy URI has only %s: something follows the port" % _SHAPE)
     try:
-        username = unquote(parts.username, errors="strict") if parts.username is not None else None
-        password = unquote(parts.password, errors="strict") if parts.password is not None else None
-    except UnicodeError:
-        raise ProxyURIError("the proxy user and password must be UTF-8 once percent-decoded")
+        host, port = parse_address(address)
+    except ValueError:
+        raise ProxyURIError("the proxy URI needs HOST:PORT (a port of 1-65535) after TYPE:// "
+                            "and the last @, if any")
+    username = password = None
+    if at:
+        username, colon, password = userinfo.partition(":")
+        password = password if colon else None
+        try:
+            username = unquote(username, errors="strict")
+            password = unquote(password, errors="strict") if password is not None else None
+        except UnicodeError:
+            raise ProxyURIError("the proxy user and password must be UTF-8 once percent-decoded")
     if scheme == "socks4a" and password is not None:
         raise ProxyURIError("socks4a has a user id but no password")
     if scheme == "socks4a" and username is not None and "\0" in username:
@@ -298,7 +316,7 @@ def parse_proxy_uri(text):
     if scheme == "socks5" and username is not None:
         if not 1 <= len(username.encode()) <= 255 or len((password or "").encode()) > 255:
             raise ProxyURIError("SOCKS5 user and password must be 1-255 and 0-255 bytes")
-    return ProxyURI(scheme, host, port, username, password)
+    return ProxyURI(scheme, host.lower(), port, username, password)
 
 
 def _recv_exact(sock, n, deadline, error=None):

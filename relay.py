@@ -31,12 +31,13 @@ The rules every direction follows (sshuttle's ``ssnet.py`` is the model):
   plaintext decoded before the error (its ``data``) has been delivered.
 
 Why one thread for every relay: the GIL lets one thread run Python at a time, so
-thousands of relay threads only fought over it. Measured on the 2-core test
-machine before this design: 5,000 idle tunnels closed at once woke 5,000
-threads and took about a minute and ~100 CPU-s, SIGTERM unanswered meanwhile;
-a parking poller plus a relay gate (round 3) brought that to 0.63 s and 0.74
-CPU-s, with three schedulers for one state machine. One pump does the same
-work with one scheduler (figures in the README's Performance section).
+thousands of relay threads only fight over it. Measured on a 2-core machine
+with a thread per relay: 5,000 idle tunnels closed at once woke 5,000 threads
+and took about a minute and ~100 CPU-s, SIGTERM unanswered meanwhile; a
+parking poller plus a gate in front of the relay threads brought that to
+0.63 s and 0.74 CPU-s, with three schedulers for one state machine. One pump
+does the same work with one scheduler (figures in the README's Performance
+section).
 """
 
 import errno
@@ -67,8 +68,15 @@ from collections import deque
 # and as many readers that stall hold at most about that (a stalled direction
 # keeps the rest of its last read; 256 KiB reads made 200 such tunnels hold
 # 25 MiB, 64 KiB ones 7 MiB). A full destination brings the read back to CHUNK.
-CHUNK = 64 * 1024        # bytes a direction reads in one turn, at first and at least
+CHUNK = 64 * 1024        # bytes a direction reads in one turn, at first
 MAX_CHUNK = 4 * CHUNK    # ... and at most, while its reads take under TURN_SECONDS / 2
+# ... and at least, where the transform itself is slow. Below CHUNK a read halves
+# only while the thread's CPU time for a turn (not the time on the clock, which
+# waits for the GIL and the scheduler inflate on any route) stays over
+# TURN_SECONDS: plain-Python AES (a Python without ctypes) spends ~72 ms of CPU on
+# 64 KiB, so its turns come down to ~2.3 ms; every other route's 64 KiB costs
+# well under 1 ms of CPU and never reads less than CHUNK.
+MIN_CHUNK = 2 * 1024
 TURN_SECONDS = 0.001     # about the most a turn grows to take
 ROUND = 16 * CHUNK       # what one read of every relay of a pump may add up to (1 MiB)
 IDLE_CHECK = 1.0         # seconds between looks for a reset on a socket watched for nothing
@@ -76,6 +84,14 @@ SPARE_BUFFERS = 2        # MAX_CHUNK buffers a Pump keeps for reuse. A turn give
                          # back before the next turn starts, so one is lent at a time
 
 _NOTHING = memoryview(b"")
+if hasattr(time, "CLOCK_THREAD_CPUTIME_ID"):
+    _CLOCK, _THREAD_CPU = time.clock_gettime, time.CLOCK_THREAD_CPUTIME_ID
+
+    def _cpu_time():
+        """The CPU time this thread has used, in seconds."""
+        return _CLOCK(_THREAD_CPU)
+else:                   # Windows: no clock per thread; the clock on the wall stands in
+    _cpu_time = time.monotonic
 # SO_LINGER on, 0 seconds: close() then sends RST instead of FIN.
 _ABORT_ON_CLOSE = struct.pack("HH" if sys.platform == "win32" else "ii", 1, 0)
 
@@ -141,7 +157,7 @@ class _Direction:
 
     __slots__ = ("src", "dst", "transform", "pending", "buffer", "eof", "done", "count", "size",
                  "pieces", "not_before", "delay", "buffers", "at_eof", "failure", "counts_output",
-                 "ended")
+                 "ended", "probing")
 
     def __init__(self, src, dst, transform, counts_output=False, at_eof=None, ended=None):
         self.src, self.dst, self.transform = src, dst, transform
@@ -152,6 +168,7 @@ class _Direction:
         self.not_before = self.delay = 0.0
         self.count = 0
         self.size = CHUNK
+        self.probing = False     # the next turn also measures its CPU time (see MIN_CHUNK)
 
     def take(self, out, buffer=None):
         """Queue a transform's output (bytes, a memoryview of ``buffer``, or a list
@@ -204,6 +221,7 @@ class _Direction:
             return
         buffer, size, wanted = self.buffers.lend(), 0, min(self.size, share)
         began = time.monotonic()
+        cpu = _cpu_time() if self.probing else None
         try:
             size = self.src.recv_into(buffer, wanted)
             out = self.transform(memoryview(buffer)[:size]) if size else None
@@ -233,10 +251,20 @@ class _Direction:
         self.take(out, buffer)
         if self.ended is not None and self.ended():   # the stream ended inside it (TLS close_notify)
             self.eof = True
-        if not self.write():
-            self.size = CHUNK              # dst is full: it sets the pace, small reads do
+        written = self.write()
+        took = time.monotonic() - began
+        if cpu is not None:                # a probe: is the work itself slow, or was it a wait?
+            cpu = _cpu_time() - cpu
+            self.probing = False
+            if cpu > TURN_SECONDS and MIN_CHUNK < self.size <= CHUNK and 2 * size >= self.size:
+                self.size //= 2
+                self.probing = True        # and look again at the smaller read
+                return
+        elif took > TURN_SECONDS and MIN_CHUNK < self.size <= CHUNK:
+            self.probing = True
+        if not written:
+            self.size = min(self.size, CHUNK)   # dst is full: it sets the pace, small reads do
         elif size == wanted == self.size:  # the source had more: size the next read to time
-            took = time.monotonic() - began
             if took < TURN_SECONDS / 2 and size < MAX_CHUNK:
                 self.size = 2 * size
             elif took > TURN_SECONDS and size > CHUNK:

@@ -263,7 +263,7 @@ def summary(client_hello):
 
 
 # JA4 -> (whose hello, a browser's?), for detect and the demo. The browsers' values are
-# third-party captures (shared/findings/browser-hello-4.md); Python's, measured here.
+# captures of those browsers' hellos by third parties; Python's, measured here.
 KNOWN_HELLOS = {
     "t13d1515h1_8daaf6152771_0a20fe35d3a5": ("Chrome opening a wss:// WebSocket (webtunnel's browser "
                                              "route)", True),

@@ -172,7 +172,7 @@ import time
 
 from ceiling import ceiling_main, describe_ceiling, measure_ceiling
 from children import start_sink
-from machine import Meter, load_average, raise_fd_limit
+from machine import Meter, describe_tree, load_average, raise_fd_limit
 from measure import Digests
 from report import (
     CEILING_SETUPS,
@@ -192,19 +192,6 @@ ROOT = os.path.dirname(HERE)
 MiB = 1 << 20
 SETUP_ROUNDS = 10                           # the setup test takes turns in this many rounds
 PHASES = ("bulk", "setup", "tunnels")       # in this order; --phases picks some
-
-
-def describe_tree(program):
-    """The git commit of obfsproxy.py's checkout, and whether it had local changes."""
-    directory = os.path.dirname(os.path.abspath(program))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=directory,
-                                capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=directory,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return "%s%s" % (commit or "unknown", " + local changes" if dirty else "")
 
 
 # --- Main ------------------------------------------------------------------------------------------

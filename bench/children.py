@@ -81,11 +81,12 @@ class Child:
 BRIDGE_LINE = re.compile(r"bridge line for clients: Bridge (.*)$")
 
 
-def start_ours(program, role, transport, dest=None, extra=(), state_dir=None, env=None):
+def start_ours(program, role, transport, dest=None, extra=(), state_dir=None, env=None, prefix=()):
     """Our client or server. An obfs4 server gets --state-dir, and its bridge line's
-    arguments (cert=..., iat-mode=0) become the Child's ``args``."""
+    arguments (cert=..., iat-mode=0) become the Child's ``args``. ``prefix``: a
+    command that runs it (``prlimit ... --``), and must exec it in the same process."""
     bare = ["-I", "-S"] if program.endswith(".pyz") else []      # the one file runs bare
-    argv = [sys.executable] + bare + [program, role, "--transport=" + transport]
+    argv = list(prefix) + [sys.executable] + bare + [program, role, "--transport=" + transport]
     if dest is not None:
         argv.append("--dest=%s:%d" % dest)
     if role == "server" and transport == "obfs4":
@@ -112,9 +113,9 @@ def start_ours(program, role, transport, dest=None, extra=(), state_dir=None, en
 O4P_FAIL = re.compile(r"^(SMETHOD-ERROR|CMETHOD-ERROR|ENV-ERROR|VERSION-ERROR|PROXY-ERROR)")
 
 
-def start_obfs4proxy(binary, role, transport, state_dir, orport=None):
+def start_obfs4proxy(binary, role, transport, state_dir, orport=None, prefix=()):
     """obfs4proxy in managed mode; a server's SMETHOD ARGS (obfs4: cert, iat-mode)
-    become the Child's ``args``."""
+    become the Child's ``args``. ``prefix`` as for start_ours."""
     env = dict(os.environ, TOR_PT_MANAGED_TRANSPORT_VER="1", TOR_PT_EXIT_ON_STDIN_CLOSE="1",
                TOR_PT_STATE_LOCATION=os.path.join(state_dir, "o4p-%s-%s-state" % (transport, role)))
     if role == "server":
@@ -125,7 +126,7 @@ def start_obfs4proxy(binary, role, transport, state_dir, orport=None):
     else:
         env.update(TOR_PT_CLIENT_TRANSPORTS=transport)
         ready = re.compile(r"^CMETHOD %s socks5 (\S+):(\d+)" % transport)
-    process = subprocess.Popen([binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    process = subprocess.Popen(list(prefix) + [binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, env=env)
     output = Lines(process.stdout)
     try:

@@ -26,7 +26,7 @@ latency   20 interactive tunnels, each sending 100 bytes and waiting for their e
 iat2      (obfs4 only) one tunnel in iat-mode 2 uploading 256 KiB, alone and then
           beside 4 bulk tunnels: its own rate loaded / unloaded. Its client paces each
           piece with a timer, so this shows whether timers fire on time under load.
-storm     2,000 connections opened at once (connect, SOCKS5, the handshake, a 1-byte
+storm     1,000 connections opened at once (connect, SOCKS5, the handshake, a 1-byte
           echo, close; 40 s each at most) beside 4 bulk tunnels: the time until all are
           echoed, failures, echo-time p50/p99, and the kernel's listen-queue overflows
           (TcpExt ListenOverflows, machine-wide) during the storm.
@@ -35,6 +35,16 @@ attack    2,000 connections to the *bridge* port that send one random byte a sec
           echo RTT p99 (5 tunnels opened before), and the time a good client needs to
           open a tunnel (connect, SOCKS, handshake, 1-byte echo, one after another),
           each with the attack divided by without it. Also the bridge's CPU seconds.
+hold      the attack held past the handshake deadline (30 s) and the close delay, for
+          --hold seconds (90): 3,000 silent + 1,000 slow sockets reopened as the bridge
+          closes them, against a bridge started for the test (the setup's client dials
+          it). Throughout, a good client opens a tunnel every 0.2 s (p50/p99/max, failed
+          opens) and 5 tunnels echo (p99); first for 10 s without the attack.
+          Also the bridge's CPU seconds and its most threads and descriptors. Three
+          times: as it is; with the bridge in a cgroup of its own limited to 1,000 tasks
+          (pids.max: a container's pids limit, systemd's TasksMax; needs a writable
+          /sys/fs/cgroup/pids, else the row says why); and started under `ulimit -n
+          1024` (prlimit) with 2,000 silent sockets.
 
 Only the ratios mean much: this is a 2-core machine, and the load generators, the
 sink, both tunnel ends and other people's work all share it.
@@ -61,11 +71,13 @@ import routes  # noqa: E402
 import setups  # noqa: E402
 import traffic  # noqa: E402
 
-import bench  # noqa: E402  (bench.py's setups, sink, SOCKS route and tables are reused)
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_SETUPS = ("ours-obfs4", "o4p-obfs4", "ours-obfs2", "o4p-obfs2")
-TESTS = ("latency", "iat2", "storm", "attack")
+TESTS = ("latency", "iat2", "storm", "attack", "hold")
+HOLD_LIMITS = ("none", "tasks", "nofile")   # the held attack: plain, under a task limit, few fds
+TASK_LIMIT = 1000           # tasks (threads) the bridge may have under "tasks"
+GOOD_EVERY = 0.2            # seconds between the good client's opens during a hold
+GOOD_TIMEOUT = 5.0          # ... and the most one may take: longer counts as a failed open
 ECHO_TUNNELS = 20           # interactive tunnels in the latency test
 ECHO_SIZE = 100             # bytes per interactive echo
 ECHO_EVERY = 0.010          # seconds between one tunnel's sends
@@ -132,9 +144,10 @@ def bulk_main(spec, count):
             moved[key.data] += got
 
 
-def probe_main(spec, window, tunnels):
+def probe_main(spec, window, tunnels, wait="0"):
     """``tunnels`` interactive tunnels echoing ECHO_SIZE bytes every ECHO_EVERY seconds
-    for ``window`` seconds; print the RTTs in seconds."""
+    for ``window`` seconds; print the RTTs in seconds. With ``wait`` "1", the tunnels
+    are opened first, "OPEN" is printed, and the window starts at a line on stdin."""
     be_nice()
     route = route_of(json.loads(spec))
     window, tunnels = float(window), int(tunnels)
@@ -144,8 +157,12 @@ def probe_main(spec, window, tunnels):
         sock = route.connect()
         sock.sendall(traffic.HEADER.pack(b"ECHO", 0) + b"w")
         traffic.recv_exact(sock, 1)
-        sock.setblocking(False)
         socks.append(sock)
+    if wait == "1":
+        print("OPEN", flush=True)
+        sys.stdin.readline()
+    for sock in socks:
+        sock.setblocking(False)
     selector = selectors.DefaultSelector()
     state = []                     # per tunnel: [sent at, bytes still due, next send at]
     now = time.monotonic()
@@ -430,6 +447,117 @@ def test_attack(setup, attacked, options):
     return result
 
 
+def limited(limit):
+    """(the command prefix that starts a bridge under ``limit``, the cgroup to remove
+    afterwards or None). RuntimeError when this machine cannot impose it."""
+    if limit == "none":
+        return [], None
+    if limit == "nofile":
+        return ["prlimit", "--nofile=%d:%d" % (NOFILE_LIMIT[0], NOFILE_LIMIT[0]), "--"], None
+    # A pids cgroup of its own (cgroup v1's pids controller): RLIMIT_NPROC binds no root
+    # process, and counts a user's tasks, not one process's.
+    group = "/sys/fs/cgroup/pids/obfsproxy-fairness-%d" % os.getpid()
+    try:
+        os.mkdir(group)
+        with open(os.path.join(group, "pids.max"), "w") as limit_file:
+            limit_file.write("%d\n" % TASK_LIMIT)
+    except OSError as exc:
+        raise RuntimeError("no task limit here (cannot make a pids cgroup: %s)" % (exc.strerror or exc))
+    return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', group], group
+
+
+NOFILE_LIMIT = [1024]       # the descriptors of a bridge under "nofile" (--quick: fewer)
+
+
+def start_bridge(setup, options, state_dir, prefix):
+    """A server of the setup's kind and transport in front of the sink, under ``prefix``."""
+    if setup.server_kind == "ours":
+        return children.start_ours(options.obfsproxy, "server", setup.transport, setup.sink.address,
+                                   state_dir=state_dir, env=setups.ours_environment(setup.name),
+                                   prefix=prefix)
+    return children.start_obfs4proxy(options.obfs4proxy, "server", setup.transport, state_dir,
+                                     setup.sink.address, prefix=prefix)
+
+
+def proc_counts(pid):
+    """(threads, open descriptors) of ``pid``, or (None, None) without /proc."""
+    try:
+        with open("/proc/%d/status" % pid) as status:
+            threads = int(re.search(r"^Threads:\s+(\d+)", status.read(), re.M).group(1))
+        return threads, len(os.listdir("/proc/%d/fd" % pid))
+    except (OSError, AttributeError):
+        return None, None
+
+
+def hold_phase(route, bridge, seconds, attack=None):
+    """``seconds`` of a good client opening a tunnel every GOOD_EVERY s beside 5 echoing
+    tunnels (opened before the attack: live tunnels), with ``attack`` = (slow, silent)
+    sockets on the bridge, or none."""
+    load, opened = None, {}
+    echo = Load("_probe", spec_of(route), seconds, 5, 1)
+    opens, failed, most = [], 0, [0, 0]
+    try:
+        if echo.line(timeout=60) != "OPEN":
+            raise RuntimeError("the echoing tunnels did not open")
+        if attack:
+            load = Load("_attack", json.dumps(bridge.address), attack[0], attack[1])
+            opened = json.loads(load.line(timeout=300))
+        cpu_before = machine.cpu_seconds([bridge.pid])
+        echo.tell("GO")
+        began = time.monotonic()
+        end, tick = began + seconds, began
+        while time.monotonic() < end:
+            start = time.monotonic()
+            try:
+                measure.one_echo(route)
+                opens.append(time.monotonic() - start)
+            except Exception:        # refused, reset or timed out: a failed open
+                failed += 1
+            for index, count in enumerate(proc_counts(bridge.pid)):
+                most[index] = max(most[index], count or 0)
+            tick += GOOD_EVERY
+            time.sleep(max(0.0, tick - time.monotonic()))
+        cpu_after = machine.cpu_seconds([bridge.pid])
+        try:
+            rtts = sorted(json.loads(echo.line(timeout=seconds + 60))["rtts"])
+            echo_error = None
+        except (RuntimeError, ValueError, KeyError) as exc:    # a tunnel cut: said, not raised
+            rtts, echo_error = [], str(exc)[-200:]
+    finally:
+        echo.stop()
+        if load:
+            load.stop()
+    opens.sort()
+    p50, p99 = percentiles(opens)
+    return {"open_p50": p50, "open_p99": p99, "open_max": opens[-1] * 1000 if opens else None,
+            "failed": failed, "opens": len(opens), "rtt_p99": percentiles(rtts)[1],
+            "echo_error": echo_error,
+            "cpu": None if None in (cpu_before, cpu_after) else cpu_after - cpu_before,
+            "threads": most[0], "fds": most[1], "opened": opened.get("opened"),
+            "refused": opened.get("refused")}
+
+
+def test_hold(setup, limit, options, state_dir):
+    """The held attack (``hold`` in the docstring) on a bridge started under ``limit``."""
+    prefix, group = limited(limit)
+    bridge = None
+    try:
+        bridge = start_bridge(setup, options, state_dir, prefix)
+        route = routes.Route(setup.route.first_hop, bridge.address, bridge.args, timeout=GOOD_TIMEOUT)
+        attack = (0, options.nofile_silent) if limit == "nofile" else (options.hold_slow, options.hold_silent)
+        quiet = hold_phase(route, bridge, options.hold_quiet)
+        attacked = hold_phase(route, bridge, options.hold, attack)
+    finally:
+        if bridge is not None:
+            bridge.stop()
+        if group is not None:
+            try:
+                os.rmdir(group)
+            except OSError:
+                pass
+    return {"quiet": quiet, "attacked": attacked, "attack": attack}
+
+
 # --- Report ---------------------------------------------------------------------------------
 
 def ratio(ours, theirs):
@@ -518,6 +646,41 @@ def tables(results, options):
                                   "good open max, ms", "bridge CPU s", "attack opened/refused"], rows))
         lines.append("floor: with / without <= 2x for the echo p99 and the good client's open time")
         lines.append("")
+    if results.get("hold"):
+        lines.append("Attack held %.0f s (%d silent + %d slow; nofile: %d silent under ulimit -n %d; "
+                     "tasks: a %d-task cgroup); good client every %.1f s: quiet -> attacked"
+                     % (options.hold, options.hold_silent, options.hold_slow, options.nofile_silent,
+                        NOFILE_LIMIT[0], TASK_LIMIT, GOOD_EVERY))
+        rows = []
+        for limit in HOLD_LIMITS:
+            for name in options.setups:
+                cell = results["hold"].get((name, limit))
+                if not cell:
+                    continue
+                if "error" in cell:
+                    rows.append([name, limit, cell["error"], "", "", "", ""])
+                    continue
+                q, a = cell["quiet"], cell["attacked"]
+                rows.append([name, limit,
+                             "%s / %s -> %s / %s" % (fmt(q["open_p50"], 1), fmt(q["open_p99"], 1),
+                                                     fmt(a["open_p50"], 1), fmt(a["open_p99"], 1)),
+                             "%d of %d" % (a["failed"], a["failed"] + a["opens"]),
+                             "%s -> %s (%s)" % (fmt(q["rtt_p99"], 1), fmt(a["rtt_p99"], 1),
+                                                ratio(a["rtt_p99"], q["rtt_p99"])),
+                             fmt(a["cpu"], 1), "%s / %s" % (a["threads"], a["fds"])])
+            for ours, theirs in pairs(options.setups):
+                a, b = results["hold"].get((ours, limit)), results["hold"].get((theirs, limit))
+                if a and b and "error" not in a and "error" not in b:
+                    rows.append(["%s / o4p" % ours, limit, "open p99 %s" % ratio(
+                        a["attacked"]["open_p99"], b["attacked"]["open_p99"]),
+                        "%d vs %d" % (a["attacked"]["failed"], b["attacked"]["failed"]),
+                        "echo p99 %s" % ratio(a["attacked"]["rtt_p99"], b["attacked"]["rtt_p99"]), "", ""])
+        lines.append(report.table(["setup", "limit", "good open p50 / p99, ms", "failed opens",
+                                  "echo p99, ms (attacked / quiet)", "bridge CPU s", "threads / fds max"],
+                                 rows))
+        lines.append("floors: attacked open p99 <= 2x obfs4proxy's; 0 failed opens under every limit; "
+                     "echo p99 attacked / quiet <= 2x")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -535,7 +698,13 @@ def parse_options(argv):
     parser.add_argument("--storm", type=int, help="connections in the storm [2000]")
     parser.add_argument("--slow", type=int, help="slow attack connections [2000]")
     parser.add_argument("--silent", type=int, help="silent attack connections [2048]")
-    parser.add_argument("--obfsproxy", default=os.path.join(bench.ROOT, "obfsproxy.py"))
+    parser.add_argument("--hold", type=float, help="seconds the held attack lasts [90; quick: 3, "
+                        "obfs4 only]")
+    parser.add_argument("--hold-silent", type=int, help="silent sockets in the held attack [3000]")
+    parser.add_argument("--hold-slow", type=int, help="slow sockets in the held attack [1000]")
+    parser.add_argument("--limits", default=",".join(HOLD_LIMITS),
+                        help="the held attack's limits, of %s" % ", ".join(HOLD_LIMITS))
+    parser.add_argument("--obfsproxy", default=os.path.join(setups.ROOT, "obfsproxy.py"))
     parser.add_argument("--obfs4proxy", default=shutil.which("obfs4proxy") or "/usr/bin/obfs4proxy")
     parser.add_argument("--json", metavar="PATH")
     options = parser.parse_args(argv)
@@ -543,14 +712,22 @@ def parse_options(argv):
     options.levels = [int(x) for x in (options.levels or ("0,4" if quick else "0,1,4,16")).split(",")]
     options.reps = options.reps or (1 if quick else 3)
     options.window = options.window or (2.0 if quick else 5.0)
-    options.storm = options.storm or (200 if quick else 2000)
+    options.storm = options.storm or (200 if quick else 1000)
     options.slow = options.slow or (200 if quick else 2000)
     options.silent = options.silent or (200 if quick else 2048)
+    options.hold = options.hold or (3.0 if quick else 90.0)
+    options.hold_quiet = 1.0 if quick else 10.0
+    options.hold_silent = options.hold_silent or (150 if quick else 3000)
+    options.hold_slow = options.hold_slow or (50 if quick else 1000)
+    NOFILE_LIMIT[0] = 128 if quick else 1024       # quick: still more silent sockets than fds
+    options.nofile_silent = 250 if quick else 2000
+    options.limits = [name for name in options.limits.split(",") if name]
     options.setups = [name for name in options.setups.split(",") if name]
     options.tests = [name for name in options.tests.split(",") if name]
     unknown = [name for name in options.setups if name not in setups.SETUPS]
-    if unknown or set(options.tests) - set(TESTS):
-        wrong = unknown + sorted(set(options.tests) - set(TESTS))
+    if unknown or set(options.tests) - set(TESTS) or set(options.limits) - set(HOLD_LIMITS):
+        wrong = (unknown + sorted(set(options.tests) - set(TESTS))
+                 + sorted(set(options.limits) - set(HOLD_LIMITS)))
         parser.error("unknown setup or test: %s" % ", ".join(wrong))
     if not os.path.exists(options.obfs4proxy):
         print("obfs4proxy not found: measuring ours alone, no ratios", file=sys.stderr)
@@ -632,13 +809,33 @@ def main(argv=None):
                         setup.say("attack: echo p99 %.1f -> %.1f ms, good open p50 %.1f -> %.1f ms"
                                   % (cell["without"]["rtt_p99"], cell["with"]["rtt_p99"],
                                      cell["without"]["open_p50"], cell["with"]["open_p50"]))
+            if "hold" in options.tests:
+                for limit in options.limits:
+                    for number, setup in enumerate(turns(0)):
+                        if not setup.children or setup.transport == "webtunnel":
+                            continue
+                        if options.quick and setup.transport != "obfs4":   # quick: one pair
+                            continue
+                        directory = os.path.join(state_dir, "hold-%s-%d" % (limit, number))
+                        os.makedirs(directory, exist_ok=True)
+                        try:
+                            cell = test_hold(setup, limit, options, directory)
+                        except Exception as exc:        # reported in the table, not raised
+                            cell = {"error": "%s: %s" % (type(exc).__name__, str(exc)[:80])}
+                            setup.say("hold (%s) FAILED: %s" % (limit, cell["error"]))
+                        else:
+                            a = cell["attacked"]
+                            setup.say("hold (%s): open p99 %s ms, %d failed, echo p99 %s ms, %s threads, "
+                                      "%s fds" % (limit, report.fmt(a["open_p99"], 1), a["failed"],
+                                                  report.fmt(a["rtt_p99"], 1), a["threads"], a["fds"]))
+                        results["hold"][(setup.name, limit)] = cell
     finally:
         for setup in running:
             setup.stop()
         sink.stop()
     print()
     print("fairness, %s; obfsproxy.py %s; took %.0f s"
-          % (time.strftime("%Y-%m-%d %H:%M"), bench.describe_tree(options.obfsproxy),
+          % (time.strftime("%Y-%m-%d %H:%M"), machine.describe_tree(options.obfsproxy),
              time.monotonic() - began))
     print()
     print(tables(results, options))

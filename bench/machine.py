@@ -10,6 +10,20 @@ import time
 
 from children import Child
 
+
+def describe_tree(program):
+    """The git commit of obfsproxy.py's checkout, and whether it had local changes."""
+    directory = os.path.dirname(os.path.abspath(program))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=directory,
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=directory,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return "%s%s" % (commit or "unknown", " + local changes" if dirty else "")
+
+
 # --- /proc readings (None where there is no /proc) ---------------------------------------
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

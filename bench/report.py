@@ -85,8 +85,8 @@ def results_table(results, options):
     return table(["metric"] + names, rows)
 
 
-# The targets, ours / obfs4proxy on the same transport in one run (issue 12; obfs4's
-# from issue 19, "obfs4 at Go's speed": with PyNaCl, and on pycryptodome alone):
+# The targets, ours / obfs4proxy on the same transport in one run (obfs4's are "at
+# Go's speed": with PyNaCl, and on pycryptodome alone):
 # key -> target ratio (higher is better for MB/s and conn/s, lower for the rest).
 TARGETS = {
     "obfs2": {"up_mbs": 1.5, "down_mbs": 1.5, "bulk_cpu": 0.6, "setup_rate": 1.0, "setup_p99": 1.0},

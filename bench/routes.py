@@ -46,15 +46,17 @@ def socks5_auth(args):
 class Route:
     """How the generator reaches the sink: TCP to ``first_hop``; if ``target`` is set,
     first_hop is a SOCKS5 client and ``target`` the server to CONNECT to, with the
-    server's ``args`` (obfs4: cert, iat-mode) as SOCKS5 username/password."""
+    server's ``args`` (obfs4: cert, iat-mode) as SOCKS5 username/password. ``timeout``:
+    the most one socket operation may block (SOCKET_TIMEOUT unless given)."""
 
     threads = True      # a socket that one thread may read while another writes
 
-    def __init__(self, first_hop, target=None, args=None):
+    def __init__(self, first_hop, target=None, args=None, timeout=None):
         self.first_hop, self.target, self.args = first_hop, target, args or {}
+        self.timeout = timeout
 
     def connect(self):
-        sock = socket.create_connection(self.first_hop, timeout=SOCKET_TIMEOUT)
+        sock = socket.create_connection(self.first_hop, timeout=self.timeout or SOCKET_TIMEOUT)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.target is not None:

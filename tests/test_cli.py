@@ -736,19 +736,22 @@ def test_help_and_version_need_no_package_at_all(args):
 def test_a_missing_dependency_names_the_virtual_environment_beside_the_script(tmp_path):
     """Issue 24: a copy of the tool with a .venv beside it (one the user made, then ran
     the system's python3): the message says which Python to run instead."""
-    for path in ROOT.glob("*.py"):
-        (tmp_path / path.name).write_bytes(path.read_bytes())
-    shutil.copytree(str(ROOT / "cryptoroutes"), str(tmp_path / "cryptoroutes"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    venv = tmp_path / ".venv" / "bin" / "python3"
+    with_venv, without = tmp_path / "with", tmp_path / "without"
+    for folder in (with_venv, without):    # copies: the checkout itself may have a .venv or not
+        folder.mkdir()
+        for path in ROOT.glob("*.py"):
+            (folder / path.name).write_bytes(path.read_bytes())
+        shutil.copytree(str(ROOT / "cryptoroutes"), str(folder / "cryptoroutes"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    venv = with_venv / ".venv" / "bin" / "python3"
     venv.parent.mkdir(parents=True)
     venv.write_text("")
-    done = without_docopt(tmp_path / "obfsproxy.py", "client", "127.0.0.1:0")
+    done = without_docopt(with_venv / "obfsproxy.py", "client", "127.0.0.1:0")
     assert done.returncode == 1 and done.stdout == "", done
     line, = done.stderr.splitlines()
     assert line.startswith("obfsproxy.py: missing dependency (import of docopt halted"), line
     assert "This checkout has a virtual environment: run %s obfsproxy.py." % venv in line, line
-    assert "This checkout has" not in without_docopt(PROGRAM, "client").stderr
+    assert "This checkout has" not in without_docopt(without / "obfsproxy.py", "client").stderr
 
 
 CLASSIC_DOCOPT = "/usr/bin/python3"    # Debian's, with python3-docopt (docopt 0.6.2)

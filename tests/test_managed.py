@@ -26,6 +26,7 @@ from fake_tor import (
     client_env,
     managed_echo_server,
     obfs4_state,
+    parse_address,
     server_env,
     socks5_connect_split,
     tor_env,
@@ -34,6 +35,8 @@ from fake_tor import (
 from support import (
     PROGRAM,
     ROOT,
+    UNDER_TEST,
+    UNDER_TEST_CWD,
     EchoServer,
     Program,
     SocksReplyError,
@@ -44,7 +47,9 @@ from support import (
     load_vectors,
     recv_exact,
     require_obfs4proxy,
+    reserved_port,
     socks5_connect,
+    wait_until,
 )
 
 import managed
@@ -143,6 +148,37 @@ def test_lines_to_tor_scrub_secret_values_except_in_smethod_args():
     assert written == ['LOG SEVERITY=warning MESSAGE="conn 1: shared-secret=[scrubbed] is wrong"\n',
                        "SMETHOD-ERROR obfs2 bad shared-secret=[scrubbed]\n",
                        "SMETHOD obfs2 127.0.0.1:1 ARGS:shared-secret=hunter2\n"]
+
+
+def test_a_failed_write_to_tor_stops_the_forwarding_not_the_thread():
+    """Tor closed our stdout: the first failed write is logged once, in our log
+    only, without re-entering the Announcer from the thread that holds it, and
+    nothing more is written to Tor."""
+    import logging
+    import threading
+    attempts = []
+
+    def write(line):
+        attempts.append(line)
+        raise BrokenPipeError(32, "Broken pipe")
+    tor = managed.Announcer(write)
+    handler, ours = managed.TorLog(tor), []
+    catch = logging.Handler()
+    catch.emit = lambda record: ours.append(record.getMessage())
+    for h in (handler, catch):
+        managed.log.addHandler(h)
+    try:
+        said = threading.Thread(target=managed.log.warning, args=("a failure",), daemon=True)
+        said.start()
+        said.join(10)
+        assert not said.is_alive(), "logging a failure hung after Tor's pipe broke"
+        managed.log.warning("another failure")
+        tor.say("LOG", "SEVERITY=notice", 'MESSAGE="x"')
+    finally:
+        for h in (handler, catch):
+            managed.log.removeHandler(h)
+    assert tor.broken and len(attempts) == 1
+    assert sum("no more lines go to Tor" in text for text in ours) == 1
 
 
 def test_nothing_but_messages_reaches_stdout():
@@ -558,6 +594,47 @@ def test_sigterm_exits_promptly_with_a_live_connection(tmp_path):
             with pytest.raises(ConnectionResetError):   # cut, not a clean end of stream
                 client.recv_eof()
         assert_refused(address, timeout=0)
+
+
+@pytest.mark.parametrize("how", ["stdin", "sigterm"])
+@POSIX_SIGNALS
+def test_exits_after_tor_closed_our_stdout_and_a_failure_was_logged(tmp_path, how):
+    """Tor went away: its end of our stdout is closed. A failure said at NOTICE
+    is then forwarded to Tor, the write fails, and that failure is logged: the
+    process must still answer its SOCKS client, and exit at the end of stdin
+    or at SIGTERM, its ports released."""
+    env = client_env(tmp_path, "obfs2")
+    process = subprocess.Popen([*UNDER_TEST, "managed"], env=env, cwd=UNDER_TEST_CWD,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL)
+    try:
+        address = None
+        for line in iter(process.stdout.readline, b""):
+            if line.startswith(b"CMETHOD obfs2 "):
+                address = parse_address(line.split()[3].decode())
+            if line == b"CMETHODS DONE\n":
+                break
+        assert address, "no CMETHOD obfs2 line"
+        process.stdout.close()                  # Tor's end of our stdout is gone
+        with reserved_port() as bridge:         # refuses: the tunnel fails, said to Tor
+            with pytest.raises(SocksReplyError):
+                socks5_connect(address, bridge.getsockname(), timeout=10)
+        log = tmp_path / "client-state" / "obfsproxy.log"
+        wait_until(lambda: "no more lines go to Tor" in log.read_text(), what="the broken pipe logged")
+        if how == "stdin":
+            process.stdin.close()
+        else:
+            process.send_signal(signal.SIGTERM)
+        try:
+            assert process.wait(5) == 0
+        except subprocess.TimeoutExpired:
+            pytest.fail("still running 5 s after %s; log: %s" % (how, log.read_text()[-2000:]))
+        assert_refused(address, timeout=0)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        process.stdin.close()
 
 
 @pytest.mark.parametrize("second_sigint", [False, True])

@@ -12,6 +12,7 @@ The client handshake, as the session vector lays it out::
     X' (32) | P_C (100) | M_C = H16(B | NODEID, X') | MAC_C = H16(B | NODEID, X' | P_C | M_C | E)
 """
 
+import errno
 import hashlib
 import hmac
 import os
@@ -1375,6 +1376,72 @@ def test_read_identity_of_a_missing_or_unreadable_file_is_an_os_error(tmp_path):
     (tmp_path / "obfs4_state.json").write_bytes(b"\xff\xfe")
     with pytest.raises(ValueError, match="failed to load statefile"):
         obfs4_state.read_identity(tmp_path)                             # not UTF-8: not a state
+
+
+@pytest.mark.parametrize("content", [
+    (GOOD_STATE % 0).encode().replace(b'"public-key":""', b'"public-key":"00\xcb00"'),
+    (GOOD_STATE % 0).encode().replace(b'"drbg-seed"', "\"drbg-\u017feed\"".encode()),
+    (GOOD_STATE % 0).encode().replace(b'"private-key"', "\"private-\u212aey\"".encode()),
+], ids=["not UTF-8 in public-key", "long s in drbg-seed", "Kelvin sign in private-key"])
+def test_a_state_file_obfs4proxy_accepts_is_accepted_with_the_same_cert(tmp_path, content):
+    """Go's json reads a byte that is not UTF-8 as U+FFFD, and matches names by simple
+    case folding (U+017F folds to s, U+212A to k): obfs4proxy 0.0.14 accepts these
+    files and announces the cert of the clean file; so do we."""
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "clean" / "obfs4_state.json").write_text(GOOD_STATE % 0)
+    (tmp_path / "obfs4_state.json").write_bytes(content)
+    assert obfs4_state.read_identity(tmp_path).cert == obfs4_state.read_identity(tmp_path / "clean").cert
+
+
+@pytest.mark.parametrize("content", [
+    (GOOD_STATE % 0).encode().replace(b'{"node-id"', b'{\xcb"node-id"'),          # not in a string
+    (GOOD_STATE % 0).encode().replace(b'"drbg-seed"', "\"drbg-\u00dfeed\"".encode()),  # sharp s: no fold
+], ids=["not UTF-8 between tokens", "sharp s"])
+def test_a_state_file_obfs4proxy_refuses_is_refused(tmp_path, content):
+    (tmp_path / "obfs4_state.json").write_bytes(content)
+    with pytest.raises(ValueError, match="failed to load statefile"):
+        obfs4_state.read_identity(tmp_path)
+
+
+def test_an_unchanged_state_file_is_not_written_again(tmp_path):
+    """Each start rewrote both files in place: a full disk or a crash at that moment
+    left the bridge's private key file empty. Unchanged bytes are now left alone."""
+    obfs4_state.load_or_create_state(tmp_path, {})
+    files = [tmp_path / "obfs4_state.json", tmp_path / "obfs4_bridgeline.txt"]
+    for path in files:
+        os.utime(str(path), ns=(10 ** 18, 10 ** 18))
+    before = [os.stat(str(path)) for path in files]
+    obfs4_state.load_or_create_state(tmp_path, {})
+    after = [os.stat(str(path)) for path in files]
+    assert [(st.st_ino, st.st_mtime_ns) for st in after] == [(st.st_ino, st.st_mtime_ns) for st in before]
+
+
+def test_a_changed_state_file_is_replaced_whole_keeping_its_mode(tmp_path):
+    obfs4_state.load_or_create_state(tmp_path, {})
+    path = tmp_path / "obfs4_state.json"
+    path.chmod(0o640)
+    inode = os.stat(str(path)).st_ino
+    identity, notes = obfs4_state.load_or_create_state(tmp_path, {"iat-mode": "1"})
+    assert os.stat(str(path)).st_ino != inode        # a new file renamed over the old one
+    assert mode(path) == 0o640 and obfs4_state.read_identity(tmp_path).iat_mode == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["obfs4_bridgeline.txt", "obfs4_state.json"]
+
+
+def test_a_failed_write_leaves_the_old_state_file_whole(tmp_path, monkeypatch):
+    """ENOSPC (a disk filled by logs) while the state is written: the old identity
+    stays on disk, and no temporary file is left behind."""
+    obfs4_state.load_or_create_state(tmp_path, {})
+    path = tmp_path / "obfs4_state.json"
+    old = path.read_bytes()
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(obfs4_state.os, "fsync", full_disk)
+    with pytest.raises(ValueError, match="No space left on device"):
+        obfs4_state.load_or_create_state(tmp_path, {"iat-mode": "2"})
+    monkeypatch.undo()
+    assert path.read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["obfs4_bridgeline.txt", "obfs4_state.json"]
 
 
 IDENTITY_OPTIONS = {"node-id": "11" * 20, "private-key": "21" * 32, "drbg-seed": "07" * 24}

@@ -19,6 +19,7 @@
 
 
 import os
+import re
 import select
 import socket
 import struct
@@ -77,6 +78,25 @@ def test_parse_address_refuses(text):
         outbound.parse_address(text)
 
 
+@pytest.mark.parametrize("text, problem", [
+    ("host\n:80", "control character or space"), ("ho st:80", "control character or space"),
+    ("host\x00:80", "control character or space"), ("\u00a0host:80", "control character or space"),
+    ("a%b:80", "has no %"), ("[1::2::3]:80", "only an IPv6 address"), ("[192.0.2.1]:80", "only an IPv6"),
+    ("[example.org]:80", "only an IPv6"), ("[fe80::1%a b]:80", "control character or space"),
+    ("[fe80::1%]:80", "zone"),
+])
+def test_parse_address_refuses_what_no_host_is(text, problem):
+    """Hosts that no name lookup could take were let through to getaddrinfo, and into
+    messages: a line break, a space, a %, brackets around what is not IPv6."""
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        outbound.parse_address(text)
+
+
+def test_parse_address_keeps_an_ipv6_zone_and_international_names():
+    assert outbound.parse_address("[fe80::1%eth0]:80") == ("fe80::1%eth0", 80)
+    assert outbound.parse_address("b\u00fccher.example:80") == ("b\u00fccher.example", 80)
+
+
 def test_parse_address_port_zero_only_when_allowed():
     assert outbound.parse_address("127.0.0.1:0", allow_port_zero=True) == ("127.0.0.1", 0)
     with pytest.raises(ValueError):
@@ -107,6 +127,31 @@ def test_proxy_uri(uri, expected):
 def test_proxy_uri_unusable(uri):
     with pytest.raises(outbound.ProxyURIError):
         outbound.parse_proxy_uri(uri)
+
+
+@pytest.mark.parametrize("uri, password", [
+    ("socks5://alice:hunter2/secret@127.0.0.1:1080", "hunter2/secret"),
+    ("socks5://alice:pa#ssw0rd@127.0.0.1:1080", "pa#ssw0rd"),
+    ("http://bob:s3cr3t?x@127.0.0.1:3128", "s3cr3t?x"),
+    ("http://bob:a@b@127.0.0.1:3128/", "a@b"),
+])
+def test_proxy_password_may_hold_url_delimiters(uri, password):
+    """A URL parser ends the address at the first / ? or #, and took part of the
+    password for the port ("Port could not be cast to integer value as 'hunter2'",
+    on stderr and in PROXY-ERROR). The user and password run to the last @."""
+    assert outbound.parse_proxy_uri(uri).password == password
+
+
+@pytest.mark.parametrize("uri", [
+    "socks5://alice:hunter2", "socks5://alice:hunter2@", "socks5://alice:hunter2@127.0.0.1:x",
+    "socks5://alice:hunter2@127.0.0.1:1080/hunter2", "alice:hunter2@127.0.0.1:1080",
+    "socks5://alice:hunter2@host name:1", "socks5:/alice:hunter2@x:1",
+    "http://alice:hunter2@[hunter2]:1",
+])
+def test_proxy_uri_errors_never_quote_the_password(uri):
+    with pytest.raises(outbound.ProxyURIError) as info:
+        outbound.parse_proxy_uri(uri)
+    assert "hunter2" not in str(info.value), str(info.value)
 
 
 # Values as an environment variable or argv gives them: undecodable bytes become

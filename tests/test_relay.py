@@ -750,6 +750,35 @@ def test_a_relay_alone_reads_more_only_while_its_reads_are_quick(bulk, monkeypat
     assert sizes[0] == relay_.CHUNK and max(sizes[:10]) == getattr(relay_, largest)
 
 
+@pytest.mark.parametrize("cpu_per_byte, smallest", [(2.0 ** -20, "MIN_CHUNK"), (2.0 ** -34, "CHUNK")],
+                         ids=["slow work", "slow clock only"])
+def test_a_turn_is_bounded_in_time_where_the_work_is_slow(bulk, monkeypatch, cpu_per_byte, smallest):
+    """Plain-Python AES spends ~72 ms of CPU on a 64 KiB read: CHUNK was a floor, so
+    each turn of a bulk tunnel held every other tunnel of the pump that long. Reads
+    now halve below CHUNK, down to MIN_CHUNK, while a turn's CPU time stays over
+    TURN_SECONDS (at 2**-20 s of CPU a byte, as slow: 64 KiB takes 62 ms, and even
+    MIN_CHUNK 2 ms, so the reads come down to the floor and stay). A clock slowed by
+    waits (the GIL, the scheduler: here 2 ms of FakeTime per 64 KiB) with quick work
+    (2**-34 s of CPU a byte) keeps CHUNK."""
+    clock, cpu = FakeTime(max(2.0 ** -25, cpu_per_byte)), FakeTime(cpu_per_byte)   # CPU <= wall
+    monkeypatch.setattr(relay_, "time", clock)
+    monkeypatch.setattr(relay_, "_cpu_time", cpu.monotonic)
+    sizes, done = [], threading.Event()
+
+    def on_read(size):
+        clock.advance(size)
+        cpu.advance(size)
+        sizes.append(size)
+        if len(sizes) == 20:
+            done.set()
+
+    bulk(relay_.Pump("test-pump"), on_read)
+    assert done.wait(WAIT)
+    assert sizes[0] == relay_.CHUNK and min(sizes[:20]) == getattr(relay_, smallest), sizes[:20]
+    if smallest == "MIN_CHUNK":       # and it stays there
+        assert sizes[10:20] == [relay_.MIN_CHUNK] * 10, sizes[:20]
+
+
 def test_the_relays_of_a_pump_share_round_bytes_a_read(bulk):
     """With ROUND / CHUNK relays in the pump, each reads CHUNK a turn, however
     quick its reads are: a round, and what stalled readers can hold, stay about

@@ -40,8 +40,13 @@ CERT = "TopSecretCertValue" + "A" * 52                     # 70 base64 character
 SHORT_CERT = CERT[:69]                                     # malformed: 69 characters
 URL_PATH = "WtSecretPathValue"
 HOST = "hostsecretname"
+PROXY_PASSWORD = "PrxPassSecret"
 CORES = [SHARED_SECRET[4:16], "c0ffee15dec0de", "feedface0ddba11f", "5ca1ab1e5ca1ab1e",
-         "TopSecretCert", URL_PATH[2:14], HOST]
+         "TopSecretCert", URL_PATH[2:14], HOST, PROXY_PASSWORD[:7]]
+# Outgoing proxies whose URI is refused, with the password where a URL parser would
+# have taken it for the port, or with no port at all.
+BAD_PROXIES = [uri % PROXY_PASSWORD for uri in ("socks5://alice:%s/x@127.0.0.1", "http://bob:%s#x@127.0.0.1:0",
+                                                "socks5://alice:%s?x")]
 GOOD_NODE_ID, GOOD_KEY, GOOD_SEED = "0123456789" * 4, "ab" * 32, "cd" * 24
 
 
@@ -179,6 +184,8 @@ STARTUP_CASES = {
     "webtunnel, stray ;": ["client", "--transport=webtunnel",
                            "--transport-options=url=https://example.org/%s;" % URL_PATH],
 }
+STARTUP_CASES.update(("--proxy %d" % number, ["client", "--transport=obfs2", "--proxy=" + uri])
+                     for number, uri in enumerate(BAD_PROXIES, 1))
 
 
 @pytest.mark.parametrize("case", list(STARTUP_CASES))
@@ -227,6 +234,17 @@ def test_managed_server_options_never_reach_a_log(case, tmp_path):
     assert_clean(tor.stdout.lines, "Tor's stdout")
     assert_clean(tor.stderr.lines, "stderr")
     assert_clean(log_file, "the managed log file")
+
+
+@pytest.mark.parametrize("uri", BAD_PROXIES)
+def test_a_bad_tor_pt_proxy_never_shows_its_password(uri, tmp_path):
+    env = client_env(tmp_path, "obfs2", PROXY=uri)
+    with ManagedPT(env, "--log-min-severity=debug") as tor:
+        assert tor.keywords() == ["VERSION", "PROXY-ERROR"], tor.stdout.lines
+        assert tor.wait() == 1
+    log_path = tmp_path / "client-state" / "obfsproxy.log"
+    log_file = log_path.read_text(encoding="utf-8").splitlines() if log_path.exists() else []
+    assert_clean(tor.stdout.lines + tor.stderr.lines + log_file, "Tor's stdout, stderr or the log")
 
 
 # --- A wrong cert= ----------------------------------------------------------------------
