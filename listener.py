@@ -57,11 +57,13 @@ handshake promptly, whatever else connects. The rules, and why:
 import contextlib
 import gc
 import logging
+import os
 import queue
 import re
 import select
 import selectors
 import socket
+import struct
 import sys
 import threading
 import time
@@ -102,6 +104,9 @@ class Tunnel:
         self.parked = False       # watched without a thread until its client speaks (_Waits.park)
 
     def owns(self, sock):
+        """``sock`` is closed with the tunnel; from now on it resets if the
+        process dies (``reset_on_close``), until the tunnel ends cleanly."""
+        reset_on_close(sock)
         self.owned.append(sock)
 
     def waits_for_client(self):
@@ -170,7 +175,8 @@ class Listener:
         self._stopping = None         # None, "graceful" or "now"
         self.ready = threading.Event()
         self._complaints = {}         # (kind, text) -> [when last said, how many not said since]
-        self._jobs = queue.SimpleQueue()  # connections for the waiting threads
+        # connections for the waiting threads (SimpleQueue is 3.7's; 3.6 takes a Queue)
+        self._jobs = getattr(queue, "SimpleQueue", queue.Queue)()
         self._waiting = 0             # threads waiting for a job and not yet given one
         self._inherits_tuning = None  # do accepted sockets get the listener's options? (None: not seen yet)
 
@@ -297,6 +303,8 @@ class Listener:
                 tunnel = Tunnel(self.accepted, conn, peer, settings, handler.initiator, self,
                                 key_work, Turn(turns, conn.fileno()))
                 self.pending[tunnel.number] = tunnel
+        if not full:
+            reset_on_close(conn)      # any death from here on resets it, until a clean end
         if full:
             conn.close()
             if self.relayed >= self.max_connections:
@@ -432,15 +440,21 @@ class Listener:
 
     def _end(self, tunnel, exc):
         """Log how the connection ended (``exc``: what ended it, None for a clean
-        end), choose FIN or reset, close its sockets, count it out."""
+        end), choose FIN or reset for each socket, close them, count it out.
+
+        Every socket of a tunnel resets on close from the moment the tunnel has
+        it (so that a process killed in any way cuts no stream silently); only
+        the sides this policy ends with a FIN are set back to a plain close."""
         conn, settings, name = tunnel.conn, tunnel.settings, tunnel.name
         relay = tunnel.relay
+        reset_conn = reset_others = True      # what a failure does, unless said below
         if tunnel.dropped and exc is not None:
             self.complain("pending", "%s: dropped: %d handshakes were pending, the most allowed; "
                           "the oldest goes to make room for a new one" % (name, self.max_pending),
                           text="dropped")
             exc = None if relay is None else exc
         if exc is None:
+            reset_conn = reset_others = False   # a clean end: FIN on every side
             if relay is not None:
                 outward, inward = relay.up.count, relay.down.count
                 if not tunnel.initiator:
@@ -459,38 +473,50 @@ class Listener:
                     conn.sendall(exc.reply)
                 except OSError:
                     pass
-            if getattr(exc, "reset", False):
-                relay_.abort(conn)
+            reset_conn = getattr(exc, "reset", False)
         elif relay is not None and isinstance(exc, relay.transport.ProtocolError):
             log.info("%s: not %s: %s", name, settings.transport, exc)
             # The application (a client's SOCKS side, a bridge's --dest) learns of
             # the failure by a reset: a cut stream must never look complete. Only
             # the obfuscated peer gets a plain FIN, as obfs4proxy closes it (a reset
             # would tell a prober that flips one bit which implementation runs).
-            relay_.abort(relay.upstream)
+            self._close(tunnel, {relay.upstream: True, relay.downstream: False})
+            return
         elif isinstance(exc, PeerClosed):
             log.info("%s: %s", name, exc)
+            reset_conn = False
         elif isinstance(exc, Busy):
             self.complain("busy", "%s: %s" % (name, exc), text="busy")
+            reset_conn = False
         elif isinstance(exc, socket.timeout):   # only handshakes block; relays never time out
             log.info("%s: handshake timed out after %.0f s", name, settings.handshake_timeout)
+            reset_conn = False
         elif isinstance(exc, relay_.Stopped):
             log.info("%s: reset: %s", name, exc)
         elif isinstance(exc, NoThread):
             log.error("%s: %s; closing it", name, exc)
-            relay_.abort(conn)
         elif tunnel.initiator and relay is not None and _reset_by(relay.downstream, exc):
             self.complain("reset", "%s: the bridge reset the tunnel (the application gets a reset)" % name,
                           text="bridge reset")   # a cut stream: the operator must hear of it
         elif isinstance(exc, OSError):
             log.info("%s: %s", name, exc.strerror or exc)
+            reset_conn = relay is not None     # a relay's socket failed: both hops reset
         else:  # a bug: keep serving everyone else
             log.error("%s: internal error; connection closed", name,
                       exc_info=(type(exc), exc, exc.__traceback__))
-            relay_.abort(conn)
+        sides = {sock: reset_others for sock in tunnel.owned}
+        sides[conn] = reset_conn
+        self._close(tunnel, sides)
+
+    def _close(self, tunnel, sides):
+        """Close the tunnel's sockets, each with a reset or a FIN as ``sides``
+        ({socket: reset?}) says, and count the tunnel out."""
+        for sock, reset in sides.items():
+            if not reset:
+                fin_on_close(sock)
         for sock in tunnel.owned:
             sock.close()
-        conn.close()
+        tunnel.conn.close()
         with self._lock:
             self.live -= 1
             if self.pending.pop(tunnel.number, None) is None and tunnel.relaying:
@@ -501,6 +527,29 @@ class Listener:
 
 class NoThread(Exception):
     """No thread could be had for a tunnel (the process is at its limit, or stopping)."""
+
+
+# SO_LINGER on with 0 seconds: close() sends RST, and so does the kernel when it
+# closes the socket of a process that died (SIGKILL, the OOM killer, a crash).
+_RESET = struct.pack("HH" if sys.platform == "win32" else "ii", 1, 0)
+_FIN = struct.pack("HH" if sys.platform == "win32" else "ii", 0, 0)
+
+
+def reset_on_close(sock):
+    """From now on, closing ``sock`` (by us, or by the kernel for a dead process)
+    sends RST: what a tunnel's sockets carry until it ends cleanly."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+    except OSError:
+        pass
+
+
+def fin_on_close(sock):
+    """Closing ``sock`` sends a plain FIN again (the system's default)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _FIN)
+    except OSError:
+        pass
 
 
 _Selector = getattr(selectors, "PollSelector", selectors.DefaultSelector)
@@ -775,32 +824,51 @@ def listen(address, backlog=None):
 
 # --- Process setup -----------------------------------------------------------------
 
+# The signals that stop the process: what an operator (kill, systemd, logrotate
+# scripts), Tor, or a terminal (Ctrl-C, Ctrl-\, a closed window's SIGHUP; on
+# Windows Ctrl-Break) sends. Each one's default action ends the process anyway;
+# handled, the end is told in the log and every live tunnel is reset, in order.
+# SIGQUIT too: its core dump of an interpreter helps nobody, and a user who
+# presses Ctrl-\ wants the process gone. SIGUSR1 and SIGUSR2 too: we give them no
+# other meaning, and whoever sends one to a process that does not handle it
+# means it to end.
+STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGBREAK")
+
+
 def install_signal_handlers(listener):
-    """SIGTERM: stop now. First SIGINT: stop accepting, let tunnels finish
-    (up to Listener.GRACE_SECONDS); a second SIGINT: stop now.
+    """SIGINT first: stop accepting, let tunnels finish (up to
+    Listener.GRACE_SECONDS). Any of STOP_SIGNALS, or SIGINT a second time: stop
+    now. One more while stopping now: exit at once (``os._exit``).
 
     Stopping now resets the tunnels still live, then the process ends: the
     garbage collector's last pass over every tunnel's objects at interpreter
     exit is skipped (``gc.freeze``), since the OS frees the memory anyway.
-    With 9,900 open tunnels that pass alone held the exit for 2-3 s."""
+    With 9,900 open tunnels that pass alone held the exit for 2-3 s. Exiting
+    at once loses nothing: every live tunnel's sockets reset when the kernel
+    closes them (``reset_on_close``)."""
     import signal
 
     def exit_soon():
         gc.disable()
-        gc.freeze()
+        getattr(gc, "freeze", lambda: None)()   # 3.6 has no freeze
 
     def on_int(signum, frame):
+        if listener.stopping_now:
+            os._exit(128 + signum)
         listener.stop(graceful=True)
         if listener.stopping_now:
             exit_soon()
 
-    def on_term(signum, frame):
+    def on_stop(signum, frame):
+        if listener.stopping_now:
+            os._exit(128 + signum)
         listener.stop(graceful=False)
         exit_soon()
 
     signal.signal(signal.SIGINT, on_int)
-    if hasattr(signal, "SIGTERM"):
-        signal.signal(signal.SIGTERM, on_term)
+    for name in STOP_SIGNALS:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), on_stop)
 
 
 # While one thread does key work, the pump waking up waits for the GIL up to
@@ -826,7 +894,7 @@ def prepare_for_serving(max_connections):
     if sys.getswitchinterval() > SWITCH_INTERVAL:
         sys.setswitchinterval(SWITCH_INTERVAL)
     gc.collect()
-    gc.freeze()
+    getattr(gc, "freeze", lambda: None)()   # 3.6 has no freeze: it scans them
 
 
 def raise_descriptor_limit(max_connections):

@@ -7,6 +7,7 @@ tests run the real program: our obfs4 client and server as subprocesses, with
 a relay between them that can flip one bit, and watch how the bridge closes.
 """
 
+import contextlib
 import logging
 import os
 import socket
@@ -741,3 +742,77 @@ def test_a_full_pending_set_drops_no_handshake_being_computed(toy_server, monkey
     finally:
         for sock in busy:
             sock.close()
+
+
+# --- Every way a process ends resets its live tunnels ----------------------------------
+
+DOWNLOAD = 256 << 20     # far more than every socket buffer on the path holds
+
+
+def give_download(conn):
+    """The destination: DOWNLOAD bytes, then a clean close (an error once cut)."""
+    block = bytes(1 << 20)
+    try:
+        for _ in range(DOWNLOAD >> 20):
+            conn.sendall(block)
+    except OSError:
+        pass
+
+
+def read_to_the_end(sock):
+    """"complete", "reset" (an error), or "clean end after N bytes" (the failure)."""
+    got = 0
+    try:
+        while True:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            got += len(chunk)
+    except OSError:
+        return "reset"
+    return "complete" if got == DOWNLOAD else "clean end after %d bytes" % got
+
+
+STOPS = [("SIGHUP",), ("SIGTERM",), ("SIGQUIT",), ("SIGUSR1",), ("SIGUSR2",), ("SIGKILL",),
+         ("SIGINT", "SIGINT")]
+
+
+@contextlib.contextmanager
+def client_and_server(transport, dest, state_dir):
+    """Our client (SOCKS) and server (to ``dest``) of ``transport``, as processes."""
+    keys = ["--state-dir=%s" % state_dir] if transport == "obfs4" else []
+    with Program("server", "--transport=" + transport, *keys, "--dest=" + fmt(dest.address),
+                 "127.0.0.1:0") as server:
+        cert = []
+        if transport == "obfs4":
+            line = server.log.wait_for(r"bridge line for clients: .*cert=(\S+) iat-mode=(\d)")
+            cert = ["--cert=" + line.group(1), "--iat-mode=0"]
+        with Program("client", "--transport=" + transport, *cert, "127.0.0.1:0") as client:
+            yield client, server
+
+
+CASES = [("obfs2", each) for each in STOPS] + [("obfs4", ("SIGKILL",)), ("dummy", ("SIGKILL",))]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+@pytest.mark.parametrize("transport, signals", CASES, ids=["%s-%s" % (t, "+".join(s)) for t, s in CASES])
+@pytest.mark.parametrize("role", ["client", "server"])
+def test_a_download_cut_by_the_end_of_either_proxy_never_looks_complete(tmp_path, role, transport, signals):
+    """A download mid-stream through our client and server; then ``signals`` to
+    one of them. Whatever ends the process (a terminal's hang-up, a kill, the
+    OOM killer's SIGKILL, a second Ctrl-C), the application either gets every
+    byte or sees a reset: never a clean end short of its length."""
+    import signal
+    with EchoServer(behaviour=give_download) as dest, \
+            client_and_server(transport, dest, tmp_path) as (client, server):
+        app = socks5_connect(client.address, server.address, timeout=WAIT)
+        with app:
+            assert recv_exact(app, 1) == b"\0"          # the tunnel is live, mid-stream
+            victim = client if role == "client" else server
+            for number, name in enumerate(signals):
+                if number:       # the first was a Ctrl-C: the second comes once it was heard
+                    victim.log.wait_for(r"stopped accepting")
+                victim.process.send_signal(getattr(signal, name))
+            outcome = read_to_the_end(app)
+            assert victim.process.wait(WAIT) is not None
+    assert outcome in ("complete", "reset"), outcome
