@@ -3,7 +3,9 @@
     accept --> parked (no thread) until the client speaks, when our side has
                nothing to say first (a SOCKS port; an obfs4 or webtunnel bridge)
            --> a handshake thread runs the listener's handler (proxy.py), in
-               turns: SOCKS, connect, transport handshake ... -> a Relay
+               turns: SOCKS, connect, transport handshake ... -> a Relay; a
+               bridge's handler waits for its client between steps, with no
+               thread
            --> the Pump (relay.py) carries the relay until both directions end
            --> Listener._end: one log line, the sockets closed, the count down
 
@@ -14,8 +16,9 @@ reset. A ``Tunnel`` is one accepted connection; its role (a client side that
 faces the application, or a bridge's server side) is fixed when it is made.
 
 Why threads for handshakes and one pump for relays: a handshake is a short
-script of blocking steps under one deadline (SOCKS, connect, the transport's
-messages, key work) and reads best as one; a relay is long-lived and mostly
+script of steps under one deadline (SOCKS, connect, the transport's
+messages, key work) and reads best as one (a bridge's, as a generator whose
+waits for its client hold no thread); a relay is long-lived and mostly
 idle, and thousands of them are best watched by one selector. Starting a
 thread costs more CPU than a whole obfs2 handshake (measured about 160 us,
 against 50 us for a hand-over to a waiting thread, and connections come in
@@ -27,35 +30,51 @@ handshake promptly, whatever else connects. The rules, and why:
 
 * Pending handshakes are counted apart from tunnels. ``--max-connections``
   caps the tunnels relayed; ``max_pending`` (four times that unless given)
-  caps the handshakes under way. A waiting socket costs a descriptor and no
-  thread, so the room is cheap, and it keeps an attack's thousands from being
-  dropped and reopened over and over (that churn is what costs CPU). When the
-  pending set is full, a new connection drops the oldest pending handshake
-  that waits for bytes from its client (never one being computed, or
-  dialling on), and is refused only when there is none: an attacker's
-  sockets only push each other out, and a prompt client's handshake is over
-  long before its turn to go.
-* A connection whose client has said nothing costs a descriptor, not a
-  thread: where our side has nothing to send first (``proxy.first_wait``),
-  the listener's one poller (``_Waits``) watches it and starts its thread
-  when bytes come (or at its deadline, so that it fails the usual way).
-* Handshake threads take turns (``Turns``): per listening socket, at most
-  TURNS of them run Python at once; the rest sleep on a lock of their own
-  until the poller says their socket is ready and a turn is free. When each
-  thread polled its own socket, a thousand clients sending a byte in the
-  same instant woke a thousand threads that fought the pump for the GIL
-  (1.6 cores spent, live tunnels stalled for seconds), and a storm of 2,000
-  handshakes left the pump and the accept loop a fraction of the GIL. Turns
-  are per listening socket, like the key-work slot, so that a flood on one
-  transport's port cannot queue another's handshakes.
+  caps the handshakes under way, and so do the descriptors the process may
+  open (``descriptor_ceiling``: RLIMIT_NOFILE less a reserve for the
+  connections to --dest). A waiting socket costs a descriptor and no thread,
+  so the room is cheap, and it keeps an attack's thousands from being
+  dropped and reopened over and over (that churn is what costs CPU). When
+  either limit is reached, a new connection drops the pending handshake that
+  has waited longest for bytes from its client (never one being computed,
+  or dialling on; found at once, ``_Waits.idle``), and is refused only when
+  there is none: an attacker's sockets only push each other out, and a
+  prompt client's handshake is over long before its turn to go.
+* A connection waiting for its client costs a descriptor, not a thread, for
+  its whole life: one that has said nothing (where our side has nothing to
+  send first, ``proxy.first_wait``), one between two of its client's bytes
+  (a bridge's handshake is a series of steps, ``proxy.exchange``, resumed by
+  the listener's one poller, ``_Waits``), and one whose handshake failed and
+  lingers before its FIN (``proxy.ClientFailed``: the poller reads and
+  discards). A silent one that reaches its deadline is ended by the poller
+  itself. So an attack of silent or slow sockets costs no thread per
+  socket, and a task limit (a container's pids limit, systemd's TasksMax)
+  is never reached by one.
+* Handshakes take turns (``Turns``): per listening socket, at most TURNS of
+  them run Python at once, and a thread is given to a handshake only with a
+  turn; the rest wait in the queue, with no thread, or (a client's dial to
+  its bridge) asleep on a lock of their own until the poller says their
+  socket is ready and a turn is free. When each thread polled its own
+  socket, a thousand clients sending a byte in the same instant woke a
+  thousand threads that fought the pump for the GIL (1.6 cores spent, live
+  tunnels stalled for seconds), and a storm of 2,000 handshakes left the
+  pump and the accept loop a fraction of the GIL. Turns are per listening
+  socket, like the key-work slot, so that a flood on one transport's port
+  cannot queue another's handshakes.
+* A thread the system refuses ends that one connection (a reset, counted in
+  ``threads_refused``, said once per interval); the poller's own thread
+  starts with the listener, so the accept path never needs one.
 * The accept loop empties the backlog on each wake-up, and the backlog is
   the system's most (``somaxconn``, as Go servers such as obfs4proxy use):
   a storm waits in the kernel's queue instead of overflowing it into SYN
   retransmissions 1, 2 and 4 s later.
 """
 
+import collections
 import contextlib
+import errno
 import gc
+import inspect
 import logging
 import os
 import queue
@@ -72,7 +91,7 @@ from collections import deque
 import outbound
 import relay as relay_
 import socks
-from proxy import NOTICE, Busy, HopFailed, KeyWork, PeerClosed, Pools, first_wait, log, why
+from proxy import NOTICE, Busy, ClientFailed, HopFailed, KeyWork, PeerClosed, Pools, first_wait, log, why
 
 THREAD_STACK = 512 * 1024   # per handshake thread (the default is 8 MiB of address space)
 
@@ -99,21 +118,17 @@ class Tunnel:
         self.turn = turn
         self.owned = []
         self.relay = None
-        self.dropped = False      # dropped while pending, for a newer connection
+        self.steps = None         # a handler's steps under way (a generator: proxy.exchange)
+        self.dropped = None       # why it was dropped while pending, for a newer connection
         self.relaying = False     # counted in Listener.relayed
         self.parked = False       # watched without a thread until its client speaks (_Waits.park)
+        self.drained = False      # its failure's linger is over (or under way)
 
     def owns(self, sock):
         """``sock`` is closed with the tunnel; from now on it resets if the
         process dies (``reset_on_close``), until the tunnel ends cleanly."""
         reset_on_close(sock)
         self.owned.append(sock)
-
-    def waits_for_client(self):
-        """True while parked, or while its handshake waits for bytes from its
-        client (not for our CPU, nor for the next hop)."""
-        turn = self.turn
-        return self.parked or (turn is not None and turn.state == NET and turn.fd == self.conn.fileno())
 
     def deadline(self, seconds):
         """The handshake's deadline: ``seconds`` after accept, in this tunnel's turn."""
@@ -164,6 +179,9 @@ class Listener:
         self.pending = {}             # number -> Tunnel whose handshake runs, oldest first
         self.accepted = 0
         self.dropped = 0              # pending handshakes dropped for newer ones
+        self.threads_refused = 0      # thread starts the system refused (each closed one connection)
+        self.fd_ceiling = descriptor_ceiling()   # descriptors in use this high: make room first
+        self._base_fds = 0            # descriptors the process held before it served
         self.key_work = KeyWork()     # for the pools; each listening socket has a sibling slot
         self.waits = _Waits()
         self.pools = Pools(self.key_work, pool_size)
@@ -214,6 +232,9 @@ class Listener:
             pass
 
     def serve(self):
+        self.waits.start()
+        with socket.socket() as probe:    # the lowest free descriptor: about how many are in use
+            self._base_fds = probe.fileno()
         selector = _Selector()
         selector.register(self._wake_r, selectors.EVENT_READ)
         for entry in self.listeners:
@@ -233,6 +254,7 @@ class Listener:
                 selector.unregister(sock)
                 sock.close()
             self.listeners = []
+        self.waits.end_drains()      # failed handshakes lingering: their FIN now
         if self._stopping == "graceful" and self.live:
             log.log(NOTICE, "stopped accepting; waiting for %d live connection(s), at most %.0f s "
                     "(interrupt again to stop now)", self.live, self.GRACE_SECONDS)
@@ -243,6 +265,7 @@ class Listener:
                 if self.tick:
                     self.tick()
         selector.close()
+        self.waits.close()
         self.pools.close()
         # Said, so that the log shows that transfers were cut short (a handshake
         # still in progress ends too, with its own line at info).
@@ -268,13 +291,17 @@ class Listener:
     def _accept(self, listener, handler, settings, key_work, turns, parks):
         """Accept what the backlog holds (up to ACCEPT_BATCH): during a storm one
         wake-up per connection left the backlog to overflow (the kernel then drops
-        SYNs, and clients retry after 1, 2, 4 s)."""
+        SYNs, and clients retry after 1, 2, 4 s). Out of descriptors, the oldest
+        handshake that waits for its client makes room (``_make_room``) before
+        the accept loop slows down."""
         for _ in range(self.ACCEPT_BATCH):
             try:
                 conn, peer = listener.accept()
             except BlockingIOError:   # the backlog is empty (or the client gave up)
                 return
             except OSError as exc:    # e.g. EMFILE: the process is out of descriptors
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._make_room():
+                    continue
                 self.complain("accept", "accept failed: %s; slowing down" % why(exc), logging.WARNING,
                               rest=None)
                 time.sleep(0.1)
@@ -284,24 +311,25 @@ class Listener:
     def _admit(self, conn, peer, handler, settings, key_work, turns, parks):
         """Count a new connection in as pending and start its handshake; refuse it
         when --max-connections tunnels are relayed; drop the oldest pending
-        handshake when max_pending are pending (the module docstring says why)."""
+        handshake that waits for its client when max_pending are pending, or
+        when descriptors run short (the module docstring says why)."""
         victim = None
         with self._lock:
             full = self.relayed >= self.max_connections
-            if not full:
-                if len(self.pending) >= self.max_pending:
-                    victim = next((each for each in self.pending.values() if each.waits_for_client()),
-                                  None)
-                    full = victim is None   # every one is being served: no room
-                if victim is not None:
-                    del self.pending[victim.number]
-                    victim.dropped = True
-                    self.dropped += 1
+            if not full and len(self.pending) >= self.max_pending:
+                why_dropped = "%d handshakes were pending, the most allowed" % self.max_pending
+            elif not full and self._short_of_descriptors(conn):
+                why_dropped = "descriptors run short (ulimit -n)"
+            else:
+                why_dropped = None
+            if why_dropped:
+                victim = self._drop_oldest(why_dropped)
+                full = victim is None   # every one is being served: no room
             if not full:
                 self.live += 1
                 self.accepted += 1
-                tunnel = Tunnel(self.accepted, conn, peer, settings, handler.initiator, self,
-                                key_work, Turn(turns, conn.fileno()))
+                tunnel = Tunnel(self.accepted, conn, peer, settings, handler.initiator, self, key_work)
+                tunnel.turn = Turn(turns, conn.fileno(), tunnel)
                 self.pending[tunnel.number] = tunnel
         if not full:
             reset_on_close(conn)      # any death from here on resets it, until a clean end
@@ -315,20 +343,57 @@ class Listener:
                               "waiting for its client" % self.max_pending, logging.WARNING, rest=None)
             return
         if victim is not None:
-            if self.waits.unpark(victim):
-                self._end(victim, PeerClosed("dropped"))
-            else:
-                try:     # its thread, waiting for the peer, sees the end and ends it (_end)
-                    victim.conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            self._end_dropped(*victim)
+        job = (handler, tunnel)
         if parks is None:
-            self._dispatch((handler, tunnel))
+            tunnel.turn.queue(lambda: self._dispatch(job))
         else:       # nothing to do before its client speaks: no thread until then
-            self.waits.park(tunnel, tunnel.accepted_at + parks, lambda: self._dispatch((handler, tunnel)))
+            self.waits.park(tunnel, tunnel.accepted_at + parks.seconds,
+                            lambda: tunnel.turn.queue(lambda: self._dispatch(job)),
+                            lambda: self._end(tunnel, parks.silence(tunnel)))
+
+    def _short_of_descriptors(self, conn):
+        """True when the process's descriptors are near its limit: one per
+        connection, a second per relayed tunnel, plus what the process held
+        before it served; or ``conn``'s own number (POSIX hands out the lowest
+        free one) says so."""
+        ceiling = self.fd_ceiling
+        return ceiling is not None and (self.live + self.relayed + self._base_fds >= ceiling or
+                                        conn.fileno() >= ceiling)
+
+    def _drop_oldest(self, reason):
+        """Take the handshake that has waited longest for its client out of the
+        pending set (``_lock`` held), saying ``reason`` at its end: (tunnel,
+        whether it held no thread), or None."""
+        found = self.waits.take_idle()
+        if found is not None:
+            victim = found[0]
+            self.pending.pop(victim.number, None)
+            victim.dropped = reason
+            self.dropped += 1
+        return found
+
+    def _make_room(self):
+        """Out of descriptors: end the oldest handshake waiting for its client; True if one was."""
+        with self._lock:
+            victim = self._drop_oldest("out of descriptors (ulimit -n)")
+        if victim is None:
+            return False
+        self._end_dropped(*victim)
+        return True
+
+    def _end_dropped(self, tunnel, threadless):
+        if threadless:     # nobody else holds it: it ends here
+            self._end(tunnel, PeerClosed("dropped"))
+        else:
+            try:     # its thread, waiting for the peer, sees the end and ends it (_end)
+                tunnel.conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _dispatch(self, job):
-        """Give ``job`` to a waiting thread, or start one for it."""
+        """Give ``job`` to a waiting thread, or start one for it. The tunnel holds
+        its turn (``Turn.queue``): so no more threads run handshakes than turns."""
         with self._lock:
             reuse = self._waiting > 0
             if reuse:
@@ -341,6 +406,9 @@ class Listener:
             threading.Thread(target=self._worker, args=(job,), name="conn-%d" % tunnel.number,
                              daemon=True).start()
         except RuntimeError as exc:  # cannot start a new thread
+            with self._lock:
+                self.threads_refused += 1
+            tunnel.turn.give()
             self._end(tunnel, NoThread("cannot start a thread (%s)" % exc))
 
     def _worker(self, job):
@@ -361,37 +429,75 @@ class Listener:
                 job = self._jobs.get()  # a job was handed to us just now: take it
 
     def _run(self, handler, tunnel):
-        """The handshake, on this thread and in its turn; then the relay goes to a pump."""
-        log.debug("%s: accepted", tunnel.name)
+        """The handshake's next part, on this thread and in its turn: up to the
+        next wait for its client (then no thread holds it: ``_step``), or to the
+        end, when the relay goes to a pump."""
+        turn = tunnel.turn
         try:
-            tunnel.turn.take(tunnel.settings.handshake_timeout)
-            if self._inherits_tuning is None:
-                self._inherits_tuning = outbound.tuned(tunnel.conn)
-            if not self._inherits_tuning:
-                outbound.tune(tunnel.conn)
-            tunnel.conn.setblocking(False)    # from here to close (outbound.send_all says why)
-            relay = handler(tunnel.conn, tunnel.settings, tunnel)
+            turn.take(tunnel.settings.handshake_timeout)     # at once when queued for it
+            if tunnel.steps is None:
+                log.debug("%s: accepted", tunnel.name)
+                if self._inherits_tuning is None:
+                    self._inherits_tuning = outbound.tuned(tunnel.conn)
+                if not self._inherits_tuning:
+                    outbound.tune(tunnel.conn)
+                tunnel.conn.setblocking(False)    # from here to close (outbound.send_all says why)
+                relay = handler(tunnel.conn, tunnel.settings, tunnel)
+                if inspect.isgenerator(relay):
+                    tunnel.steps, relay = relay, None
+            if tunnel.steps is not None:
+                relay = self._step(handler, tunnel)
+                if relay is None:
+                    return      # it waits for the network, holding neither this thread nor a turn
         except Exception as exc:
-            tunnel.turn.give()
+            turn.give()
             self._end(tunnel, exc)
             return
-        finally:
-            tunnel.turn.give()
-        tunnel.relay = relay
+        turn.give()
+        self._relay(tunnel, relay)
+
+    def _step(self, handler, tunnel):
+        """Run the handler's steps to its Relay (returned), or to a wait for the
+        network, which the poller then keeps without a thread (None: from there
+        the tunnel is the poller's, and then another thread's)."""
+        steps = tunnel.steps
+        while True:
+            try:
+                sock, write, deadline = steps.send(None)
+            except StopIteration as done:
+                tunnel.steps = None
+                return done.value
+            if self.waits.epoll is None or self._stopping:   # no poller to wait in: wait here
+                try:
+                    outbound.wait_until_ready(sock, deadline, write)
+                except socket.timeout:
+                    pass        # the next step finds its deadline passed
+                continue
+            tunnel.turn.suspend(sock, write, deadline.end, lambda: self._dispatch((handler, tunnel)))
+            return None
+
+    def _relay(self, tunnel, relay):
+        """Hand a finished handshake's relay to a pump, if the tunnel is still
+        pending (not dropped meanwhile for a newer connection) and there is room."""
         with self._lock:
-            full = self.relayed >= self.max_connections
-            if not full and self.pending.pop(tunnel.number, None) is not None:
+            dropped = tunnel.number not in self.pending
+            full = not dropped and self.relayed >= self.max_connections
+            if not dropped and not full:
+                del self.pending[tunnel.number]
                 self.relayed += 1
                 tunnel.relaying = True
+        if dropped:       # dropped as its handshake ended: never relayed uncounted
+            relay.close()
+            self._end(tunnel, PeerClosed("dropped"))
+            return
+        tunnel.relay = relay
         if full:
-            relay.abort()
             self._end(tunnel, HopFailed("full", "refusing a tunnel: %d tunnels already open "
                                         "(--max-connections)" % self.max_connections))
             return
         try:
             self._pump().add(relay, lambda error: self._end(tunnel, error))
         except RuntimeError as exc:    # stopping now, or no thread for a new pump
-            relay.abort()
             self._end(tunnel, relay_.Stopped("stopped as its handshake ended") if self._stopping
                       else NoThread("cannot relay (%s)" % exc))
 
@@ -448,10 +554,15 @@ class Listener:
         conn, settings, name = tunnel.conn, tunnel.settings, tunnel.name
         relay = tunnel.relay
         reset_conn = reset_others = True      # what a failure does, unless said below
+        if isinstance(exc, ClientFailed) and exc.linger_until is not None and not tunnel.drained \
+                and not self._stopping and self.waits.epoll is not None:
+            tunnel.drained = True     # read and discard until then, in the poller; then said and closed
+            fin_on_close(conn)
+            self.waits.drain(conn, exc.linger_until, lambda: self._end(tunnel, exc))
+            return
         if tunnel.dropped and exc is not None:
-            self.complain("pending", "%s: dropped: %d handshakes were pending, the most allowed; "
-                          "the oldest goes to make room for a new one" % (name, self.max_pending),
-                          text="dropped")
+            self.complain("pending", "%s: dropped: %s; the oldest waiting for its client goes to "
+                          "make room for a new one" % (name, tunnel.dropped), text=tunnel.dropped)
             exc = None if relay is None else exc
         if exc is None:
             reset_conn = reset_others = False   # a clean end: FIN on every side
@@ -493,8 +604,8 @@ class Listener:
             reset_conn = False
         elif isinstance(exc, relay_.Stopped):
             log.info("%s: reset: %s", name, exc)
-        elif isinstance(exc, NoThread):
-            log.error("%s: %s; closing it", name, exc)
+        elif isinstance(exc, NoThread):   # the system's limit: said once per interval, never a flood
+            self.complain("thread", "%s: %s; closing it" % (name, exc), logging.ERROR, text="no thread")
         elif tunnel.initiator and relay is not None and _reset_by(relay.downstream, exc):
             self.complain("reset", "%s: the bridge reset the tunnel (the application gets a reset)" % name,
                           text="bridge reset")   # a cut stream: the operator must hear of it
@@ -511,6 +622,9 @@ class Listener:
     def _close(self, tunnel, sides):
         """Close the tunnel's sockets, each with a reset or a FIN as ``sides``
         ({socket: reset?}) says, and count the tunnel out."""
+        if tunnel.steps is not None:      # a handshake cut between two steps
+            tunnel.steps.close()
+            tunnel.steps = None
         for sock, reset in sides.items():
             if not reset:
                 fin_on_close(sock)
@@ -603,24 +717,42 @@ TURNS = 4      # handshake threads of one listening socket computing at once
 
 
 class Turn:
-    """One handshake's place in its listening socket's ``Turns``; used by its own
-    thread only. The thread sleeps on a lock of its own while it waits, for the
-    CPU or for the network, and is woken only when it may run: so a thousand
+    """One handshake's place in its listening socket's ``Turns``. A thread that
+    runs the handshake sleeps on a lock of its own while it waits, for the CPU
+    or for the network, and is woken only when it may run: so a thousand
     handshakes waiting cost no CPU, and never wake all at once to fight over
-    the GIL (the cost measured when each polled its own socket)."""
+    the GIL (the cost measured when each polled its own socket). A handshake
+    may also wait with no thread at all (``queue``, ``suspend``): then
+    ``resume`` runs, on a thread, once it holds the turn."""
 
-    def __init__(self, turns, client_fd=None):
+    def __init__(self, turns, client_fd=None, tunnel=None):
         self.turns, self.waits = turns, turns.waits
         self.state = IDLE
         self.fd = None
         self.client_fd = client_fd    # the accepted socket's descriptor
+        self.tunnel = tunnel
         self.further = False      # past its client's part: back from the next hop, or a connect
+        self.resume = None        # while it waits without a thread: what to run once it holds the turn
         self._wake = threading.Lock()
         self._wake.acquire()
 
     def handed(self):
+        """It holds the turn now (``waits.mutex`` held): wake its thread, or have
+        ``resume`` run (``_Waits.run_handed``)."""
         self.state = HELD
-        self._wake.release()
+        resume, self.resume = self.resume, None
+        if resume is None:
+            self._wake.release()
+        else:
+            self.waits.handed.append(resume)
+
+    def queue(self, resume):
+        """Run ``resume`` on a thread once this handshake holds a turn; no thread
+        waits for the turn meanwhile."""
+        with self.waits.mutex:
+            self.resume = resume
+            self.turns.ready(self)
+        self.waits.run_handed()
 
     def take(self, seconds):
         """Wait for the turn; proxy.Busy when ``seconds`` pass first."""
@@ -628,6 +760,7 @@ class Turn:
             if self.state == HELD:
                 return
             self.turns.ready(self)
+        self.waits.run_handed()
         self._sleep(seconds)
 
     def give(self):
@@ -636,6 +769,7 @@ class Turn:
             if self.state == HELD:
                 self.state = IDLE
                 self.turns.pass_on()
+        self.waits.run_handed()
 
     def wait(self, sock, write, seconds):
         """Give the turn up until ``sock`` is ready to read (or write), then come
@@ -653,8 +787,22 @@ class Turn:
             if self.state == HELD:
                 self.turns.pass_on()
             self.state = NET
+        self.waits.run_handed()
         self._sleep(seconds)
         return True
+
+    def suspend(self, sock, write, until, resume):
+        """Give the turn up until ``sock`` is ready to read (or write), or the
+        monotonic time ``until``; then ``resume`` runs on a thread, with the
+        turn. No thread waits meanwhile."""
+        self.further = sock.fileno() != self.client_fd
+        with self.waits.mutex:
+            self.resume = resume
+            self.waits.watch(self, sock, write, until)
+            if self.state == HELD:
+                self.turns.pass_on()
+            self.state = NET
+        self.waits.run_handed()
 
     @contextlib.contextmanager
     def outside(self, deadline):
@@ -686,57 +834,130 @@ class Turn:
 
 
 class _Waits:
-    """A Listener's one poller for every handshake waiting for the network
-    (epoll, one-shot): a socket that becomes ready puts its Turn in the queue
-    of its listening socket. Where there is no epoll, each thread polls its
-    own socket (``Turn.wait``)."""
+    """A Listener's one poller (epoll; a thread of its own from ``start`` to
+    ``close``) for every handshake waiting for the network: a socket that
+    becomes ready puts its Turn in the queue of its listening socket. It also
+    keeps, with no thread, the connections whose client has not spoken
+    (``park``) and the failed handshakes that linger before their FIN
+    (``drain``). Where there is no epoll, each thread polls its own socket
+    (``Turn.wait``).
+
+    ``idle``: the handshakes waiting for their own client, longest first, so
+    that the one to drop for a newer connection is found at once
+    (``take_idle``). ``handed``: what may run now that its handshake holds a
+    turn (``Turn.handed``), run outside ``mutex`` by ``run_handed``."""
 
     def __init__(self):
         self.mutex = threading.Lock()
         self.epoll = select.epoll() if hasattr(select, "epoll") else None
-        self._by_fd = {}
-        self._parked = {}             # fd -> (tunnel, when its wait ends, what to do then)
-        self._next_check = 0.0        # when to look for parked connections out of time
+        self._by_fd = {}              # fd -> Turn waiting for it
+        self._until = {}              # fd -> when the threadless wait of its Turn ends
+        self._parked = {}             # fd -> (tunnel, until, on bytes, on silence)
+        self._draining = {}           # fd -> (socket, until, then)
+        self.idle = collections.OrderedDict()   # Turn -> None
+        self.handed = []
+        self._next_check = 0.0        # when to look for waits out of time
         self._thread = None
+        self._running_handed = threading.local()
+        self._forever = False         # the poller sleeps with no timeout
+        self._closing = False
+        self._wake_r = self._wake_w = None
 
-    def park(self, tunnel, until, then):
+    def start(self):
+        """The poller's thread, for the listener's life (RuntimeError if the
+        system refuses it: at start-up, never on the accept path)."""
+        if self.epoll is None or self._thread is not None:
+            return
+        self._wake_r, self._wake_w = socket.socketpair()
+        for end in (self._wake_r, self._wake_w):
+            end.setblocking(False)
+        self.epoll.register(self._wake_r.fileno(), select.EPOLLIN)
+        self._thread = threading.Thread(target=self._run, name="handshake-waits", daemon=True)
+        self._thread.start()
+
+    def close(self):
+        """Stop the poller's thread."""
+        if self._thread is None:
+            return
+        with self.mutex:
+            self._closing = True
+        self._wake()
+        self._thread.join(5)
+        self._thread = None
+        for end in (self._wake_r, self._wake_w):
+            end.close()
+
+    def _wake(self):
+        try:
+            self._wake_w.send(b"x")
+        except (OSError, AttributeError):
+            pass
+
+    def _timed(self):
+        """A wait with an end was added (``mutex`` held): a poller asleep for good must look."""
+        if self._forever:
+            self._forever = False
+            self._wake()
+
+    def run_handed(self):
+        """Run what ``Turn.handed`` queued, outside ``mutex`` (one loop per thread:
+        what a run hands on is run by the same loop)."""
+        if getattr(self._running_handed, "on", False):
+            return
+        self._running_handed.on = True
+        try:
+            while True:
+                with self.mutex:
+                    if not self.handed:
+                        return
+                    jobs, self.handed = self.handed, []
+                for job in jobs:
+                    job()
+        finally:
+            self._running_handed.on = False
+
+    def park(self, tunnel, until, then, late):
         """Call ``then`` (on the poller's thread) once ``tunnel.conn`` has bytes,
-        or at ``until``: a connection whose client has not spoken holds no thread."""
+        or ``late`` at ``until``: a connection whose client has not spoken holds
+        no thread."""
         fd = tunnel.conn.fileno()
         with self.mutex:
             tunnel.parked = True
-            self._parked[fd] = (tunnel, until, then)
+            self._parked[fd] = (tunnel, until, then, late)
+            self.idle[tunnel.turn] = None
             self.epoll.register(fd, select.EPOLLIN | select.EPOLLONESHOT)
-            self._start()
+            self._timed()
 
-    def unpark(self, tunnel):
-        """True if ``tunnel`` was still parked (it is not any more), False if it
-        was handed on already, or never parked."""
+    def _unpark(self, fd):
+        """(``mutex`` held) The parked entry of ``fd``, no longer parked."""
+        entry = self._parked.pop(fd)
+        entry[0].parked = False
+        self.idle.pop(entry[0].turn, None)
+        return entry
+
+    def take_idle(self):
+        """The handshake that has waited longest for its client, taken out of
+        every wait: (its tunnel, True) when no thread holds it (it is the
+        caller's to end), (its tunnel, False) when its thread sleeps on it (the
+        caller shuts its socket, which wakes the thread); or None."""
         with self.mutex:
+            if not self.idle:
+                return None
+            turn, _ = self.idle.popitem(last=False)
+            tunnel = turn.tunnel
             fd = tunnel.conn.fileno()
-            entry = self._parked.get(fd)
-            if entry is None or entry[0] is not tunnel:
-                return False
-            del self._parked[fd]
-            tunnel.parked = False
-            try:
-                self.epoll.unregister(fd)
-            except OSError:
-                pass
-            return True
+            if tunnel.parked:
+                self._unpark(fd)
+                self._unregister(fd)
+                return tunnel, True
+            if turn.resume is None:
+                return tunnel, False
+            self.forget(turn)
+            turn.state, turn.resume = IDLE, None
+            return tunnel, True
 
-    def _unparked(self, fd):
-        tunnel, _, then = self._parked.pop(fd)
-        tunnel.parked = False
-        return then
-
-    def _start(self):
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="handshake-waits", daemon=True)
-            self._thread.start()
-
-    def watch(self, turn, sock, write):
-        """Wake ``turn`` once ``sock`` is ready (``mutex`` held)."""
+    def watch(self, turn, sock, write, until=None):
+        """Wake ``turn`` once ``sock`` is ready (``mutex`` held); at ``until`` too, if given."""
         fd = sock.fileno()
         mask = (select.EPOLLOUT if write else select.EPOLLIN) | select.EPOLLONESHOT
         try:
@@ -745,42 +966,113 @@ class _Waits:
             self.epoll.modify(fd, mask)
         self._by_fd[fd] = turn
         turn.fd = fd
-        self._start()
+        if fd == turn.client_fd:
+            self.idle[turn] = None
+        if until is not None:
+            self._until[fd] = until
+            self._timed()
 
     def forget(self, turn):
-        """``turn`` waits no more (its time ran out; ``mutex`` held)."""
+        """``turn`` waits no more (``mutex`` held)."""
+        self.idle.pop(turn, None)
         if self._by_fd.get(turn.fd) is turn:
             del self._by_fd[turn.fd]
+            self._until.pop(turn.fd, None)
+            self._unregister(turn.fd)
+
+    def drain(self, sock, until, then):
+        """Read and discard what ``sock`` receives until the monotonic time
+        ``until`` or its end, then call ``then`` (on the poller's thread): how
+        an obfs4 bridge ends a failed handshake, with no thread."""
+        fd = sock.fileno()
+        with self.mutex:
+            self._draining[fd] = (sock, until, then)
             try:
-                self.epoll.unregister(turn.fd)
-            except OSError:
+                self.epoll.register(fd, select.EPOLLIN)
+            except FileExistsError:     # registered before, disarmed since it fired
+                self.epoll.modify(fd, select.EPOLLIN)
+            self._timed()
+
+    def end_drains(self):
+        """End every drain now (the listener stops)."""
+        with self.mutex:
+            drains, self._draining = self._draining, {}
+            for fd in drains:
+                self._unregister(fd)
+        for _, _, then in drains.values():
+            then()
+
+    def _unregister(self, fd):
+        try:
+            self.epoll.unregister(fd)
+        except OSError:
+            pass
+
+    @staticmethod
+    def _drained(sock):
+        """Read what ``sock`` holds; True at its end (or a reset)."""
+        try:
+            while sock.recv(65536):
                 pass
+            return True
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     def _run(self):
-        """Until nobody has waited for half a second: a listener at rest keeps no
-        thread for this (``watch`` starts one again)."""
+        wake = self._wake_r.fileno()
         while True:
-            events = self.epoll.poll(0.5 if not self._parked else PARK_CHECK)
+            with self.mutex:
+                if self._closing:
+                    return
+                timed = self._parked or self._until or self._draining
+                self._forever = not timed
+            events = self.epoll.poll(PARK_CHECK if timed else -1)
             due = []
             with self.mutex:
+                self._forever = False
                 for fd, _ in events:
+                    if fd == wake:
+                        try:
+                            self._wake_r.recv(4096)
+                        except OSError:
+                            pass
+                        continue
                     turn = self._by_fd.pop(fd, None)
-                    if turn is not None and turn.state == NET:
-                        turn.turns.ready(turn)
+                    if turn is not None:
+                        self._until.pop(fd, None)
+                        self.idle.pop(turn, None)
+                        if turn.state == NET:
+                            turn.turns.ready(turn)
                     elif fd in self._parked:
-                        due.append(self._unparked(fd))
-                if self._parked:
-                    now = time.monotonic()
-                    if now >= self._next_check:
-                        self._next_check = now + PARK_CHECK
-                        for fd in [fd for fd, (_, until, _) in self._parked.items() if until <= now]:
-                            due.append(self._unparked(fd))
-                idle = not events and not due and not self._by_fd and not self._parked
-                if idle:
-                    self._thread = None
-                    return
-            for then in due:        # its handshake thread starts (its deadline may have passed)
+                        due.append(self._unpark(fd)[2])
+                    elif fd in self._draining and self._drained(self._draining[fd][0]):
+                        self._unregister(fd)
+                        due.append(self._draining.pop(fd)[2])
+                now = time.monotonic()
+                if now >= self._next_check:
+                    self._next_check = now + PARK_CHECK
+                    due.extend(self._out_of_time(now))
+            self.run_handed()
+            for then in due:
                 then()
+
+    def _out_of_time(self, now):
+        """(``mutex`` held) End the waits whose time has come; what to call then."""
+        due = []
+        for fd in [fd for fd, entry in self._parked.items() if entry[1] <= now]:
+            self._unregister(fd)
+            due.append(self._unpark(fd)[3])
+        for fd in [fd for fd, until in self._until.items() if until <= now]:
+            turn = self._by_fd[fd]
+            self.forget(turn)
+            if turn.state == NET:
+                turn.turns.ready(turn)      # its next step finds the deadline passed
+        for fd in [fd for fd, entry in self._draining.items() if entry[1] <= now]:
+            self._unregister(fd)
+            due.append(self._draining.pop(fd)[2])
+        return due
 
 
 PARK_CHECK = 0.5    # seconds between looks for parked connections out of time
@@ -895,6 +1187,24 @@ def prepare_for_serving(max_connections):
         sys.setswitchinterval(SWITCH_INTERVAL)
     gc.collect()
     getattr(gc, "freeze", lambda: None)()   # 3.6 has no freeze: it scans them
+
+
+def descriptor_ceiling():
+    """The descriptor number from which a new connection first makes room, by
+    dropping the handshake that has waited longest for its client: the soft
+    RLIMIT_NOFILE less a reserve (an eighth, at least 64) for what connections
+    being set up still open (a connection to --dest each, a pump's wake-up
+    pair, a log file). Pending handshakes then never take the descriptors a
+    prompt client needs. None where descriptors are not small numbers handed
+    out lowest first (Windows), or are not limited."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return soft - max(64, soft // 8)
 
 
 def raise_descriptor_limit(max_connections):

@@ -30,6 +30,7 @@ tells a prober more than obfs4proxy would). ``listener.Listener._end`` logs it
 and closes the sockets.
 """
 
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -45,7 +46,7 @@ import outbound
 import pool
 import socks
 import transports
-from outbound import Deadline, format_address, open_connection, send_all
+from outbound import Deadline, format_address, open_connection, send_all  # noqa: F401 (Deadline: for callers)
 from relay import CHUNK, Relay
 
 log = logging.getLogger("obfsproxy")
@@ -255,8 +256,9 @@ class _Held:
 
     def __enter__(self):
         if self.slot is not None:
+            left = self.deadline.remaining()   # passed before any wait here: a timeout, not Busy
             try:
-                acquired = self.slot.acquire(timeout=self.deadline.remaining())
+                acquired = self.slot.acquire(timeout=left)
             except socket.timeout:
                 acquired = False
             if not acquired:
@@ -319,41 +321,83 @@ def recv_some(sock, deadline):
 
 
 def transport_handshake(sock, transport, deadline, key_work):
-    """Send our first bytes, then read until the transport is open.
-
-    Returns the plaintext that arrived glued to the end of the peer's
-    handshake. What to send and when is the transport's business
-    (``start``, then ``data_to_send`` after each ``receive``); this driver
-    only moves bytes, under one deadline.
-    """
+    """Send our first bytes, then read until the transport is open, on this
+    thread: each wait for ``sock`` goes through the deadline's turn
+    (``outbound.wait_until_ready``). Returns the plaintext that arrived glued to
+    the end of the peer's handshake (``exchange`` says what is sent when)."""
     key_work.begin()
+    steps = exchange(sock, transport, deadline, key_work)
     try:
-        with key_work.held(transport, deadline):
-            ours = transport.start()
-        send_all(sock, ours, deadline)
-        plaintext = []
-        while not transport.is_open:
-            data = recv_some(sock, deadline)
-            with key_work.held(transport, deadline):
-                plaintext.append(transport.receive(data))
-                owed = transport.data_to_send()
-            send_all(sock, owed, deadline)
+        while True:
+            waited, write, _ = next(steps)
+            outbound.wait_until_ready(waited, deadline, write)
+    except StopIteration as done:
+        return done.value
     finally:
+        steps.close()
         key_work.end()
+
+
+def exchange(sock, transport, deadline, key_work):
+    """The transport handshake as steps: a generator that yields (socket, write?,
+    deadline) whenever the non-blocking ``sock`` would block, to be resumed once
+    it is ready, and returns the plaintext glued to the end of the peer's
+    handshake. What to send and when is the transport's business (``start``,
+    then ``data_to_send`` after each ``receive``); this only moves bytes, under
+    one deadline. The key work counts as a handshake under way only while it
+    runs (``KeyWork.begin``), not while the peer is waited for."""
+    with _computing(key_work, transport, deadline):
+        ours = transport.start()
+    yield from _send_steps(sock, ours, deadline)
+    plaintext = []
+    while not transport.is_open:
+        data = yield from _recv_step(sock, deadline)
+        with _computing(key_work, transport, deadline):
+            plaintext.append(transport.receive(data))
+            owed = transport.data_to_send()
+        yield from _send_steps(sock, owed, deadline)
     return b"".join(plaintext)
 
 
-def drain_until(sock, until, turn=None):
-    """Read and discard until the monotonic time ``until`` or the peer's EOF:
-    how an obfs4 server ends a failed handshake (it must not look different
-    from a slow one). The caller then closes with a FIN. ``turn``: the
-    handshake's (outbound.Deadline), given up while nothing comes."""
+@contextlib.contextmanager
+def _computing(key_work, transport, deadline):
+    key_work.begin()
     try:
-        deadline = Deadline(until - time.monotonic(), turn)
-        while outbound.recv_within(sock, CHUNK, deadline):
-            pass
-    except OSError:     # the time is up (socket.timeout), or the peer reset
+        with key_work.held(transport, deadline):
+            yield
+    finally:
+        key_work.end()
+
+
+def _recv_step(sock, deadline):
+    """Some bytes from ``sock`` (a generator, as ``exchange``); PeerClosed at its end."""
+    while True:
+        if sock.gettimeout() != 0.0:     # a caller's socket in timeout mode: it blocks
+            data = outbound.recv_within(sock, CHUNK, deadline)
+            break
+        deadline.remaining()
+        try:
+            data = sock.recv(CHUNK)
+            break
+        except BlockingIOError:
+            yield sock, False, deadline
+    if not data:
+        raise PeerClosed("peer closed the connection during the handshake")
+    return data
+
+
+def _send_steps(sock, data, deadline):
+    """Send all of ``data`` (a generator, as ``exchange``)."""
+    if sock.gettimeout() != 0.0:
+        send_all(sock, data, deadline)
         return
+    view = memoryview(data)
+    while view:
+        deadline.remaining()
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            yield sock, True, deadline
 
 
 # --- The handlers: one connection each, as a script ----------------------------------
@@ -473,6 +517,10 @@ def _dial(settings, config, address, deadline, tunnel, label=""):
 def handle_server(conn, settings, tunnel):
     """Transport handshake with the client -> connect to --dest -> a Relay.
 
+    A generator (``exchange``): it yields whenever it waits for its client, and
+    the listener resumes it once the client's bytes come, so a silent or slow
+    client holds no thread; it returns the Relay.
+
     We reach the destination only after the handshake succeeded, so for obfs4
     and webtunnel probes and garbage never touch Tor's ORPort. obfs3, and obfs2
     without a shared secret, authenticate nobody: whoever speaks them opens a
@@ -480,36 +528,23 @@ def handle_server(conn, settings, tunnel):
     A failed handshake gets the transport's answer if it has one (webtunnel: a
     web server's 404 page), or silence; a transport with ``failure_linger``
     (obfs4) keeps it open, reading and discarding, until that many seconds
-    after accept; then a FIN, as obfs4proxy closes: a prober learns nothing
-    from the timing or the close.
+    after accept (the listener drains it in its poller: ``ClientFailed``); then
+    a FIN, as obfs4proxy closes: a prober learns nothing from the timing or the
+    close.
     """
     transport = settings.new_transport(False, settings.config, tunnel.pools)
     limit = getattr(transport, "handshake_timeout", None) or settings.handshake_timeout
     deadline = tunnel.deadline(limit)
     try:
-        to_destination = transport_handshake(conn, transport, deadline, tunnel.key_work)
+        to_destination = yield from exchange(conn, transport, deadline, tunnel.key_work)
     except (socket.timeout, PeerClosed, transport.ProtocolError) as exc:
         kind = failure_kind(transport, exc)
         reply = getattr(exc, "reply", b"")
         if reply:
-            try:
-                send_all(conn, reply, Deadline(1.0, tunnel.turn))
-            except OSError:
-                pass
-        linger = getattr(transport, "failure_linger", None)
-        if linger is not None:
-            drain_until(conn, tunnel.accepted_at + linger, tunnel.turn)
+            _send_what_goes(conn, reply)
         if kind == "closed":
             raise       # the client gave up: not for the default level (a port scan does it)
-        took = time.monotonic() - tunnel.accepted_at
-        if kind == "timeout":
-            text = "handshake timed out: no %s handshake within %.0f s" % (transport.name, limit)
-        elif kind == "busy":
-            text = "%s handshake not finished: %s" % (transport.name, exc)
-        else:
-            text = "not %s: %s" % (transport.name, exc)
-        raise HopFailed("client-handshake", "%s%s; closed after %.0f s"
-                        % (text, hint(transport, kind), took), reset=False)
+        raise client_failed(transport, kind, exc, limit, tunnel.accepted_at)
     peer = getattr(transport, "peer_address", None)
     if peer:
         tunnel.peer = peer    # the real client, behind a reverse proxy: for USERADDR and the log
@@ -531,10 +566,60 @@ def handle_server(conn, settings, tunnel):
     return Relay(dest, conn, transport, to_upstream=to_destination)
 
 
+def _send_what_goes(sock, data):
+    """Send what the socket takes now of ``data`` (a short answer to a failed
+    client, which fits in any socket buffer); never wait."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[sock.send(view):]
+    except OSError:
+        pass
+
+
+class ClientFailed(HopFailed):
+    """A bridge's client failed its handshake. Its line says how long the
+    connection stayed open, so it is said at the close: ``linger_until`` (a
+    monotonic time, or None) is how long the connection is first drained
+    (read and discarded, as obfs4proxy does, so that a prober learns nothing
+    from the timing), then it ends with a FIN."""
+
+    def __init__(self, text, accepted_at, linger_until=None):
+        super().__init__("client-handshake", text, reset=False)
+        self.accepted_at, self.linger_until = accepted_at, linger_until
+
+    def __str__(self):
+        return "%s; closed after %.0f s" % (self.args[0], time.monotonic() - self.accepted_at)
+
+
+def client_failed(transport, kind, exc, limit, accepted_at):
+    """The ClientFailed for a bridge's handshake that failed by ``kind``
+    (``failure_kind``) with ``exc``, under a deadline of ``limit`` seconds."""
+    if kind == "timeout":
+        text = "handshake timed out: no %s handshake within %.0f s" % (transport.name, limit)
+    elif kind == "busy":
+        text = "%s handshake not finished: %s" % (transport.name, exc)
+    else:
+        text = "not %s: %s" % (transport.name, exc)
+    linger = getattr(transport, "failure_linger", None)
+    return ClientFailed(text + hint(transport, kind), accepted_at,
+                        None if linger is None else accepted_at + linger)
+
+
+class FirstWait:
+    """How long a new connection may wait for its client's first bytes without a
+    thread (``seconds``), and how it ends if none come (``silence(tunnel)``: the
+    exception its end is logged with)."""
+
+    def __init__(self, seconds, silence):
+        self.seconds, self.silence = seconds, silence
+
+
 def first_wait(handler, settings):
     """None when a new connection of this handler may need action from our side
-    before its client sends anything; else how long it may wait for the
-    client's first bytes (the listener then watches it without a thread).
+    before its client sends anything; else a FirstWait: how long it may wait for
+    the client's first bytes (the listener then watches it without a thread),
+    and how it ends if they never come.
 
     A SOCKS client always waits for the application's request. A server waits
     when its transport has nothing to send first and is not open yet (obfs4,
@@ -542,13 +627,16 @@ def first_wait(handler, settings):
     once per listening socket; obfs3 and plain obfs2 send first, and dummy is
     open at once (its --dest may be the one to speak first)."""
     if handler is handle_socks_client:
-        return settings.handshake_timeout
+        return FirstWait(settings.handshake_timeout,
+                         lambda tunnel: socket.timeout("no SOCKS request within %.0f s"
+                                                       % settings.handshake_timeout))
     if handler is not handle_server:
         return None
     probe = settings.transport_class(False, settings.config)
     if probe.start() or probe.is_open:
         return None
-    return getattr(probe, "handshake_timeout", None) or settings.handshake_timeout
+    limit = getattr(probe, "handshake_timeout", None) or settings.handshake_timeout
+    return FirstWait(limit, lambda tunnel: client_failed(probe, "timeout", None, limit, tunnel.accepted_at))
 
 
 # Each handler's side of the protocol, fixed for every tunnel it serves.

@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from procwatch import (
+    AT_REST,
     close_wait,
     cpu_seconds,
     fd_count,
@@ -108,10 +109,10 @@ class Usage:
     """A process's descriptors and threads now, to compare with later."""
 
     def __init__(self, node):
-        """Taken at rest: only the main thread runs (the last connection's
+        """Taken at rest: only the main thread and the poller run (the last connection's
         thread may still be closing its sockets when the test sees the end)."""
         self.node, self.pid = node, node.process.pid
-        wait_until(lambda: thread_count(self.pid) == 1, 10, "%s at rest" % node.args[2])
+        wait_until(lambda: thread_count(self.pid) == AT_REST, 10, "%s at rest" % node.args[2])
         self.fds, self.threads = fd_count(self.pid), thread_count(self.pid)
 
     def back_to_baseline(self, timeout=30):
@@ -747,7 +748,7 @@ def test_out_of_descriptors_fails_single_connections_and_recovers(dest):
             sock.sendall(b"!")
             assert recv_exact(sock, 1) == b"!"
             sock.close()
-        wait_until(lambda: thread_count(server.process.pid) == 1, 10, "the server at rest")
+        wait_until(lambda: thread_count(server.process.pid) == AT_REST, 10, "the server at rest")
         with open_tunnel(client, server, "echo") as sock:
             sock.sendall(b"recovered")
             sock.shutdown(socket.SHUT_WR)
@@ -1408,7 +1409,7 @@ def test_bare_connects_cost_a_secret_server_no_key_work():
         pid = node.process.pid
 
         def at_rest():
-            return thread_count(pid) == 1
+            return thread_count(pid) == AT_REST
 
         wait_until(at_rest, 30, "the server at rest before")
         before = cpu_seconds(pid)
