@@ -1192,7 +1192,8 @@ def prepare_for_serving(max_connections):
 def descriptor_ceiling():
     """The descriptor number from which a new connection first makes room, by
     dropping the handshake that has waited longest for its client: the soft
-    RLIMIT_NOFILE less a reserve (an eighth, at least 64) for what connections
+    RLIMIT_NOFILE less a reserve (an eighth, or 64 if more, but at most a
+    quarter) for what connections
     being set up still open (a connection to --dest each, a pump's wake-up
     pair, a log file). Pending handshakes then never take the descriptors a
     prompt client needs. None where descriptors are not small numbers handed
@@ -1204,7 +1205,7 @@ def descriptor_ceiling():
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return None
-    return soft - max(64, soft // 8)
+    return soft - max(soft // 8, min(64, soft // 4))
 
 
 def raise_descriptor_limit(max_connections):

@@ -742,7 +742,9 @@ def test_out_of_descriptors_fails_single_connections_and_recovers(dest):
             except (SocksReplyError, OSError):
                 pass
             failed += 1
-        assert failed and len(held) >= 10, (len(held), failed)
+        # About 40 / 2 tunnels fit, less the quarter of the descriptors kept for
+        # handshakes that complete (listener.descriptor_ceiling).
+        assert failed and len(held) >= 8, (len(held), failed)
         assert server.process.poll() is None
         for sock in held:                     # the survivors still work
             sock.sendall(b"!")
