@@ -1,29 +1,34 @@
-"""listener.py: listening sockets, the handshake threads, and how every tunnel ends.
+"""listener.py: the listening sockets' connections, from accept to the end of their tunnels.
 
     accept --> parked (no thread) until the client speaks, when our side has
                nothing to say first (a SOCKS port; an obfs4 or webtunnel bridge)
            --> a handshake thread runs the listener's handler (proxy.py), in
                turns: SOCKS, connect, transport handshake ... -> a Relay; a
                bridge's handler waits for its client between steps, with no
-               thread
+               thread (handshake_scheduler.py says when each part runs)
            --> the Pump (relay.py) carries the relay until both directions end
            --> Listener._end: one log line, the sockets closed, the count down
 
 ``Listener`` is the only owner of a tunnel's sockets: whatever happens (a
 handshake that fails, a relay that ends, a stop), they are closed in
-``Listener._end``, after the failure policy has chosen between a FIN and a
-reset. A ``Tunnel`` is one accepted connection; its role (a client side that
-faces the application, or a bridge's server side) is fixed when it is made.
+``Listener._end``, with a FIN or a reset on each side as the failure policy
+(``ENDINGS``, one row per way a tunnel ends) says. Every socket of a tunnel
+resets on close from the moment the tunnel has it until it ends cleanly
+(``reset_on_close``), so that a process that dies in any way (SIGKILL, the
+OOM killer, a crash) resets its tunnels instead of ending them with a FIN
+that an application would take for a complete stream. A ``Tunnel`` is one
+accepted connection; its role (a client side that faces the application, or
+a bridge's server side) is fixed when it is made.
 
 Why threads for handshakes and one pump for relays: a handshake is a short
 script of steps under one deadline (SOCKS, connect, the transport's
 messages, key work) and reads best as one (a bridge's, as a generator whose
-waits for its client hold no thread); a relay is long-lived and mostly
-idle, and thousands of them are best watched by one selector. Starting a
-thread costs more CPU than a whole obfs2 handshake (measured about 160 us,
-against 50 us for a hand-over to a waiting thread, and connections come in
-bursts), so finished handshake threads wait a little for the next
-connection (``Listener`` says how).
+waits for its client hold no thread); a relay is long-lived and mostly idle,
+and thousands of them are best watched by one selector. Starting a thread
+costs more CPU than a whole obfs2 handshake (measured about 160 us, against
+50 us for a hand-over to a waiting thread, and connections come in bursts),
+so finished handshake threads wait a little for the next one (``Listener``
+says how).
 
 A bridge many people share must stay open to the client that completes its
 handshake promptly, whatever else connects. The rules, and why:
@@ -31,69 +36,51 @@ handshake promptly, whatever else connects. The rules, and why:
 * Pending handshakes are counted apart from tunnels. ``--max-connections``
   caps the tunnels relayed; ``max_pending`` (four times that unless given)
   caps the handshakes under way, and so do the descriptors the process may
-  open (``descriptor_ceiling``: RLIMIT_NOFILE less a reserve for the
-  connections to --dest). A waiting socket costs a descriptor and no thread,
-  so the room is cheap, and it keeps an attack's thousands from being
+  open (``process_setup.descriptor_ceiling``: RLIMIT_NOFILE less a reserve
+  for the connections to --dest). A waiting socket costs a descriptor and no
+  thread, so the room is cheap, and it keeps an attack's thousands from being
   dropped and reopened over and over (that churn is what costs CPU). When
   either limit is reached, a new connection drops the pending handshake that
-  has waited longest for bytes from its client (never one being computed,
-  or dialling on; found at once, ``_Waits.idle``), and is refused only when
-  there is none: an attacker's sockets only push each other out, and a
-  prompt client's handshake is over long before its turn to go.
+  has waited longest for bytes from its client (never one being computed, or
+  dialling on; found at once, ``Waits.idle``), and is refused only when there
+  is none: an attacker's sockets only push each other out, and a prompt
+  client's handshake is over long before its turn to go.
 * A connection waiting for its client costs a descriptor, not a thread, for
   its whole life: one that has said nothing (where our side has nothing to
   send first, ``proxy.first_wait``), one between two of its client's bytes
   (a bridge's handshake is a series of steps, ``proxy.exchange``, resumed by
-  the listener's one poller, ``_Waits``), and one whose handshake failed and
-  lingers before its FIN (``proxy.ClientFailed``: the poller reads and
-  discards). A silent one that reaches its deadline is ended by the poller
-  itself. So an attack of silent or slow sockets costs no thread per
-  socket, and a task limit (a container's pids limit, systemd's TasksMax)
-  is never reached by one.
-* Handshakes take turns (``Turns``): per listening socket, at most TURNS of
-  them run Python at once, and a thread is given to a handshake only with a
-  turn; the rest wait in the queue, with no thread, or (a client's dial to
-  its bridge) asleep on a lock of their own until the poller says their
-  socket is ready and a turn is free. When each thread polled its own
-  socket, a thousand clients sending a byte in the same instant woke a
-  thousand threads that fought the pump for the GIL (1.6 cores spent, live
-  tunnels stalled for seconds), and a storm of 2,000 handshakes left the
-  pump and the accept loop a fraction of the GIL. Turns are per listening
-  socket, like the key-work slot, so that a flood on one transport's port
-  cannot queue another's handshakes.
+  the poller), and one whose handshake failed and lingers before its FIN
+  (``proxy.ClientFailed``: the poller reads and discards). A silent one that
+  reaches its deadline is ended by the poller itself. So an attack of silent
+  or slow sockets costs no thread per socket, and a task limit (a
+  container's pids limit, systemd's TasksMax) is never reached by one.
 * A thread the system refuses ends that one connection (a reset, counted in
   ``threads_refused``, said once per interval); the poller's own thread
   starts with the listener, so the accept path never needs one.
 * The accept loop empties the backlog on each wake-up, and the backlog is
-  the system's most (``somaxconn``, as Go servers such as obfs4proxy use):
-  a storm waits in the kernel's queue instead of overflowing it into SYN
-  retransmissions 1, 2 and 4 s later.
+  the system's most (``process_setup.somaxconn``, as Go servers such as
+  obfs4proxy use): a storm waits in the kernel's queue instead of
+  overflowing it into SYN retransmissions 1, 2 and 4 s later.
 """
 
-import collections
-import contextlib
 import errno
-import gc
 import inspect
 import logging
-import os
 import queue
 import re
-import select
 import selectors
 import socket
 import struct
 import sys
 import threading
 import time
-from collections import deque
 
 import outbound
 import relay as relay_
 import socks
-from proxy import NOTICE, Busy, ClientFailed, HopFailed, KeyWork, PeerClosed, Pools, first_wait, log, why
-
-THREAD_STACK = 512 * 1024   # per handshake thread (the default is 8 MiB of address space)
+from handshake_scheduler import Busy, KeyWork, Turn, Turns, Waits
+from process_setup import descriptor_ceiling, listen
+from proxy import NOTICE, ClientFailed, HopFailed, PeerClosed, Pools, first_wait, log, why
 
 
 class Tunnel:
@@ -121,7 +108,7 @@ class Tunnel:
         self.steps = None         # a handler's steps under way (a generator: proxy.exchange)
         self.dropped = None       # why it was dropped while pending, for a newer connection
         self.relaying = False     # counted in Listener.relayed
-        self.parked = False       # watched without a thread until its client speaks (_Waits.park)
+        self.parked = False       # watched without a thread until its client speaks (Waits.park)
         self.drained = False      # its failure's linger is over (or under way)
 
     def owns(self, sock):
@@ -183,7 +170,7 @@ class Listener:
         self.fd_ceiling = descriptor_ceiling()   # descriptors in use this high: make room first
         self._base_fds = 0            # descriptors the process held before it served
         self.key_work = KeyWork()     # for the pools; each listening socket has a sibling slot
-        self.waits = _Waits()
+        self.waits = Waits()
         self.pools = Pools(self.key_work, pool_size)
         self.pumps = []
         self._lock = threading.Lock()
@@ -546,78 +533,85 @@ class Listener:
 
     def _end(self, tunnel, exc):
         """Log how the connection ended (``exc``: what ended it, None for a clean
-        end), choose FIN or reset for each socket, close them, count it out.
+        end), close its sockets with a FIN or a reset as ENDINGS says, count it out.
 
         Every socket of a tunnel resets on close from the moment the tunnel has
         it (so that a process killed in any way cuts no stream silently); only
-        the sides this policy ends with a FIN are set back to a plain close."""
-        conn, settings, name = tunnel.conn, tunnel.settings, tunnel.name
-        relay = tunnel.relay
-        reset_conn = reset_others = True      # what a failure does, unless said below
+        the sides ENDINGS ends with a FIN are set back to a plain close. A
+        failed handshake that must linger first (``ClientFailed``) is drained in
+        the poller, and ends here again when that is over."""
         if isinstance(exc, ClientFailed) and exc.linger_until is not None and not tunnel.drained \
                 and not self._stopping and self.waits.epoll is not None:
-            tunnel.drained = True     # read and discard until then, in the poller; then said and closed
-            fin_on_close(conn)
-            self.waits.drain(conn, exc.linger_until, lambda: self._end(tunnel, exc))
+            tunnel.drained = True
+            fin_on_close(tunnel.conn)
+            self.waits.drain(tunnel.conn, exc.linger_until, lambda: self._end(tunnel, exc))
             return
         if tunnel.dropped and exc is not None:
             self.complain("pending", "%s: dropped: %s; the oldest waiting for its client goes to "
-                          "make room for a new one" % (name, tunnel.dropped), text=tunnel.dropped)
-            exc = None if relay is None else exc
-        if exc is None:
-            reset_conn = reset_others = False   # a clean end: FIN on every side
-            if relay is not None:
-                outward, inward = relay.up.count, relay.down.count
-                if not tunnel.initiator:
-                    outward, inward = inward, outward
-                log.info("%s: closed after %d bytes client->server, %d bytes server->client "
-                         "(application bytes)", name, outward, inward)
-        elif isinstance(exc, (HopFailed, socks.SocksError)):
-            # A failure the user can act on: at the default level, rate-limited by
-            # kind and text (numbers in it, such as a magic value, do not count).
-            kind, said = ("socks", "SOCKS: %s" % exc) if isinstance(exc, socks.SocksError) \
-                else (exc.kind, str(exc))
-            self.complain(kind, "%s: %s" % (name, said), text=re.sub(r"0x[0-9a-f]+|\d+", "N", said))
-            if exc.reply:
-                try:
-                    conn.settimeout(1.0)
-                    conn.sendall(exc.reply)
-                except OSError:
-                    pass
-            reset_conn = getattr(exc, "reset", False)
-        elif relay is not None and isinstance(exc, relay.transport.ProtocolError):
-            log.info("%s: not %s: %s", name, settings.transport, exc)
-            # The application (a client's SOCKS side, a bridge's --dest) learns of
-            # the failure by a reset: a cut stream must never look complete. Only
-            # the obfuscated peer gets a plain FIN, as obfs4proxy closes it (a reset
-            # would tell a prober that flips one bit which implementation runs).
-            self._close(tunnel, {relay.upstream: True, relay.downstream: False})
-            return
-        elif isinstance(exc, PeerClosed):
-            log.info("%s: %s", name, exc)
-            reset_conn = False
-        elif isinstance(exc, Busy):
-            self.complain("busy", "%s: %s" % (name, exc), text="busy")
-            reset_conn = False
-        elif isinstance(exc, socket.timeout):   # only handshakes block; relays never time out
-            log.info("%s: handshake timed out after %.0f s", name, settings.handshake_timeout)
-            reset_conn = False
-        elif isinstance(exc, relay_.Stopped):
-            log.info("%s: reset: %s", name, exc)
-        elif isinstance(exc, NoThread):   # the system's limit: said once per interval, never a flood
-            self.complain("thread", "%s: %s; closing it" % (name, exc), logging.ERROR, text="no thread")
-        elif tunnel.initiator and relay is not None and _reset_by(relay.downstream, exc):
-            self.complain("reset", "%s: the bridge reset the tunnel (the application gets a reset)" % name,
-                          text="bridge reset")   # a cut stream: the operator must hear of it
-        elif isinstance(exc, OSError):
-            log.info("%s: %s", name, exc.strerror or exc)
-            reset_conn = relay is not None     # a relay's socket failed: both hops reset
-        else:  # a bug: keep serving everyone else
-            log.error("%s: internal error; connection closed", name,
-                      exc_info=(type(exc), exc, exc.__traceback__))
-        sides = {sock: reset_others for sock in tunnel.owned}
-        sides[conn] = reset_conn
+                          "make room for a new one" % (tunnel.name, tunnel.dropped), text=tunnel.dropped)
+            exc = None if tunnel.relay is None else exc
+        say, accepted, opened = ending(tunnel, exc)
+        getattr(self, say)(tunnel, exc)
+        relay = tunnel.relay
+        sides = {}
+        for sock in tunnel.owned:
+            sides[sock] = _resets(opened, sock, relay, exc)
+        sides[tunnel.conn] = _resets(accepted, tunnel.conn, relay, exc)
         self._close(tunnel, sides)
+
+    # How each row of ENDINGS is said.
+
+    def _say_closed(self, tunnel, exc):
+        relay = tunnel.relay
+        if relay is not None:
+            outward, inward = relay.up.count, relay.down.count
+            if not tunnel.initiator:
+                outward, inward = inward, outward
+            log.info("%s: closed after %d bytes client->server, %d bytes server->client "
+                     "(application bytes)", tunnel.name, outward, inward)
+
+    def _say_failure(self, tunnel, exc):
+        """A failure the user can act on: at the default level, rate-limited by
+        kind and text (numbers in it, such as a magic value, do not count); then
+        its reply (a SOCKS failure, a transport's answer) is sent."""
+        kind, said = ("socks", "SOCKS: %s" % exc) if isinstance(exc, socks.SocksError) \
+            else (exc.kind, str(exc))
+        self.complain(kind, "%s: %s" % (tunnel.name, said), text=re.sub(r"0x[0-9a-f]+|\d+", "N", said))
+        if exc.reply:
+            try:
+                tunnel.conn.settimeout(1.0)
+                tunnel.conn.sendall(exc.reply)
+            except OSError:
+                pass
+
+    def _say_not_transport(self, tunnel, exc):
+        log.info("%s: not %s: %s", tunnel.name, tunnel.settings.transport, exc)
+
+    def _say_info(self, tunnel, exc):
+        log.info("%s: %s", tunnel.name, exc)
+
+    def _say_busy(self, tunnel, exc):
+        self.complain("busy", "%s: %s" % (tunnel.name, exc), text="busy")
+
+    def _say_timed_out(self, tunnel, exc):
+        log.info("%s: handshake timed out after %.0f s", tunnel.name, tunnel.settings.handshake_timeout)
+
+    def _say_reset(self, tunnel, exc):
+        log.info("%s: reset: %s", tunnel.name, exc)
+
+    def _say_no_thread(self, tunnel, exc):
+        self.complain("thread", "%s: %s; closing it" % (tunnel.name, exc), logging.ERROR, text="no thread")
+
+    def _say_bridge_reset(self, tunnel, exc):
+        self.complain("reset", "%s: the bridge reset the tunnel (the application gets a reset)"
+                      % tunnel.name, text="bridge reset")
+
+    def _say_os_error(self, tunnel, exc):
+        log.info("%s: %s", tunnel.name, exc.strerror or exc)
+
+    def _say_bug(self, tunnel, exc):
+        log.error("%s: internal error; connection closed", tunnel.name,
+                  exc_info=(type(exc), exc, exc.__traceback__))
 
     def _close(self, tunnel, sides):
         """Close the tunnel's sockets, each with a reset or a FIN as ``sides``
@@ -641,6 +635,79 @@ class Listener:
 
 class NoThread(Exception):
     """No thread could be had for a tunnel (the process is at its limit, or stopping)."""
+
+
+# How a tunnel's sockets close. FIN and RST as said; ASKED: what the error
+# asks (``HopFailed.reset``); CLEARTEXT: a reset on the socket that carries
+# cleartext (the application, --dest), a FIN to the obfuscated peer, as
+# obfs4proxy closes it (a reset would tell a prober that flips one bit which
+# implementation runs the bridge).
+FIN, RST, ASKED, CLEARTEXT = "FIN", "RST", "as asked", "RST to cleartext"
+
+
+def _clean(tunnel, exc):
+    return exc is None
+
+
+def _broke_the_protocol(tunnel, exc):
+    return tunnel.relay is not None and isinstance(exc, tunnel.relay.transport.ProtocolError)
+
+
+def _bridge_reset(tunnel, exc):
+    """A client's bridge reset a live tunnel: a cut stream the operator must hear of."""
+    return tunnel.initiator and tunnel.relay is not None and _reset_by(tunnel.relay.downstream, exc)
+
+
+def _relay_failed(tunnel, exc):
+    return tunnel.relay is not None and isinstance(exc, OSError)
+
+
+def _anything(tunnel, exc):
+    return True
+
+
+# The failure policy: what ended a tunnel -> how it is said, and how the
+# connection we accepted (a client's application, a bridge's client) and the
+# sockets we opened for it (the bridge, --dest) close. The first row that
+# matches (an exception class, or a test of the tunnel and the exception) wins.
+# "complaint": at the default level, at most once per COMPLAINT_INTERVAL for
+# its kind and text (Listener.complain); "info": one line at info.
+ENDINGS = (
+    # what ended it                  how it is said         accepted   opened      said as
+    (_clean,                         "_say_closed",         FIN,       FIN),       # info, bytes each way
+    ((HopFailed, socks.SocksError),  "_say_failure",        ASKED,     RST),       # complaint, its reply
+    (_broke_the_protocol,            "_say_not_transport",  CLEARTEXT, CLEARTEXT), # info: "not obfs4"
+    (PeerClosed,                     "_say_info",           FIN,       RST),       # info
+    (Busy,                           "_say_busy",           FIN,       RST),       # complaint
+    (socket.timeout,                 "_say_timed_out",      FIN,       RST),       # info
+    (relay_.Stopped,                 "_say_reset",          RST,       RST),       # info
+    (NoThread,                       "_say_no_thread",      RST,       RST),       # complaint, ERROR
+    (_bridge_reset,                  "_say_bridge_reset",   RST,       RST),       # complaint
+    (_relay_failed,                  "_say_os_error",       RST,       RST),       # info
+    (OSError,                        "_say_os_error",       FIN,       RST),       # info
+    (_anything,                      "_say_bug",            RST,       RST),       # ERROR, traceback
+)
+
+
+def ending(tunnel, exc):
+    """The row of ENDINGS for ``tunnel`` ended by ``exc``: (how it is said,
+    accepted, opened)."""
+    for matches, say, accepted, opened in ENDINGS:
+        if isinstance(matches, (type, tuple)):
+            if isinstance(exc, matches):
+                return say, accepted, opened
+        elif matches(tunnel, exc):
+            return say, accepted, opened
+    raise AssertionError("ENDINGS ends with a row for anything")
+
+
+def _resets(rule, sock, relay, exc):
+    """True if ``sock`` closes with a reset under ``rule`` (an ENDINGS cell)."""
+    if rule == ASKED:
+        return getattr(exc, "reset", False)
+    if rule == CLEARTEXT:
+        return sock is relay.upstream
+    return rule == RST
 
 
 # SO_LINGER on with 0 seconds: close() sends RST, and so does the kernel when it
@@ -667,570 +734,6 @@ def fin_on_close(sock):
 
 
 _Selector = getattr(selectors, "PollSelector", selectors.DefaultSelector)
-
-
-# --- Turns: one handshake thread computes at a time per listening socket -------------
-
-HELD, QUEUED, NET, IDLE = "held", "queued", "net", "idle"   # where a Turn is
-
-
-class Turns:
-    """One listening socket's queue for the CPU: at most ``width`` of its
-    handshake threads run Python at once, the others in the order they became
-    ready, except that a handshake back from the next hop (a connect, the
-    bridge's answer) goes first: finishing one frees its thread and starts its
-    relay sooner than starting another would. ``running`` hold a turn,
-    ``queue`` waits for one; the rest wait for the network. (The width is more
-    than one because a turn handed over waits for the GIL, up to the switch
-    interval while the pump holds it; with one, handshakes queued on those
-    waits.)"""
-
-    def __init__(self, waits, width=None):
-        self.waits = waits
-        self.width = TURNS if width is None else width
-        self.running = 0
-        self.queue = deque()
-
-    def pass_on(self):
-        """A turn given up goes to the first in the queue (waking only that
-        thread), or back to the pool. Called with ``waits.mutex`` held."""
-        if self.queue:
-            self.queue.popleft().handed()
-        else:
-            self.running -= 1
-
-    def ready(self, turn):
-        """``turn`` may run now: it takes a free turn, or queues for one, at the
-        front if it is further along (``Turn.further``; ``waits.mutex`` held)."""
-        if self.running < self.width:
-            self.running += 1
-            turn.handed()
-        else:
-            if turn.further:
-                self.queue.appendleft(turn)
-            else:
-                self.queue.append(turn)
-            turn.state = QUEUED
-
-
-TURNS = 4      # handshake threads of one listening socket computing at once
-
-
-class Turn:
-    """One handshake's place in its listening socket's ``Turns``. A thread that
-    runs the handshake sleeps on a lock of its own while it waits, for the CPU
-    or for the network, and is woken only when it may run: so a thousand
-    handshakes waiting cost no CPU, and never wake all at once to fight over
-    the GIL (the cost measured when each polled its own socket). A handshake
-    may also wait with no thread at all (``queue``, ``suspend``): then
-    ``resume`` runs, on a thread, once it holds the turn."""
-
-    def __init__(self, turns, client_fd=None, tunnel=None):
-        self.turns, self.waits = turns, turns.waits
-        self.state = IDLE
-        self.fd = None
-        self.client_fd = client_fd    # the accepted socket's descriptor
-        self.tunnel = tunnel
-        self.further = False      # past its client's part: back from the next hop, or a connect
-        self.resume = None        # while it waits without a thread: what to run once it holds the turn
-        self._wake = threading.Lock()
-        self._wake.acquire()
-
-    def handed(self):
-        """It holds the turn now (``waits.mutex`` held): wake its thread, or have
-        ``resume`` run (``_Waits.run_handed``)."""
-        self.state = HELD
-        resume, self.resume = self.resume, None
-        if resume is None:
-            self._wake.release()
-        else:
-            self.waits.handed.append(resume)
-
-    def queue(self, resume):
-        """Run ``resume`` on a thread once this handshake holds a turn; no thread
-        waits for the turn meanwhile."""
-        with self.waits.mutex:
-            self.resume = resume
-            self.turns.ready(self)
-        self.waits.run_handed()
-
-    def take(self, seconds):
-        """Wait for the turn; proxy.Busy when ``seconds`` pass first."""
-        with self.waits.mutex:
-            if self.state == HELD:
-                return
-            self.turns.ready(self)
-        self.waits.run_handed()
-        self._sleep(seconds)
-
-    def give(self):
-        """Give the turn up, if held."""
-        with self.waits.mutex:
-            if self.state == HELD:
-                self.state = IDLE
-                self.turns.pass_on()
-        self.waits.run_handed()
-
-    def wait(self, sock, write, seconds):
-        """Give the turn up until ``sock`` is ready to read (or write), then come
-        back with it: True; or socket.timeout when ``seconds`` pass first."""
-        if self.waits.epoll is None:       # no epoll here: the thread polls its own socket
-            end = time.monotonic() + seconds
-            self.give()
-            if not outbound._ready(sock, write, seconds):
-                raise socket.timeout("timed out")
-            self.take(max(end - time.monotonic(), 0.0))
-            return True
-        self.further = sock.fileno() != self.client_fd
-        with self.waits.mutex:
-            self.waits.watch(self, sock, write)
-            if self.state == HELD:
-                self.turns.pass_on()
-            self.state = NET
-        self.waits.run_handed()
-        self._sleep(seconds)
-        return True
-
-    def suspend(self, sock, write, until, resume):
-        """Give the turn up until ``sock`` is ready to read (or write), or the
-        monotonic time ``until``; then ``resume`` runs on a thread, with the
-        turn. No thread waits meanwhile."""
-        self.further = sock.fileno() != self.client_fd
-        with self.waits.mutex:
-            self.resume = resume
-            self.waits.watch(self, sock, write, until)
-            if self.state == HELD:
-                self.turns.pass_on()
-            self.state = NET
-        self.waits.run_handed()
-
-    @contextlib.contextmanager
-    def outside(self, deadline):
-        """Run a blocking call (a connect) without the turn; take it back after."""
-        held = self.state == HELD
-        self.give()
-        yield
-        if held:
-            self.further = True
-            self.take(max(deadline.end - time.monotonic(), 0.0))
-
-    def _sleep(self, seconds):
-        if self._wake.acquire(timeout=max(seconds, 0.0)):
-            return
-        with self.waits.mutex:
-            if self.state == HELD:      # handed over as the time ran out: ours after all
-                self._wake.acquire()
-                return
-            waited_for_cpu = self.state == QUEUED
-            if waited_for_cpu:
-                self.turns.queue.remove(self)
-            elif self.state == NET:
-                self.waits.forget(self)
-            self.state = IDLE
-        if waited_for_cpu:
-            raise Busy("the deadline passed while it waited for its turn here "
-                       "(too many handshakes at once)")
-        raise socket.timeout("timed out")
-
-
-class _Waits:
-    """A Listener's one poller (epoll; a thread of its own from ``start`` to
-    ``close``) for every handshake waiting for the network: a socket that
-    becomes ready puts its Turn in the queue of its listening socket. It also
-    keeps, with no thread, the connections whose client has not spoken
-    (``park``) and the failed handshakes that linger before their FIN
-    (``drain``). Where there is no epoll, each thread polls its own socket
-    (``Turn.wait``).
-
-    ``idle``: the handshakes waiting for their own client, longest first, so
-    that the one to drop for a newer connection is found at once
-    (``take_idle``). ``handed``: what may run now that its handshake holds a
-    turn (``Turn.handed``), run outside ``mutex`` by ``run_handed``."""
-
-    def __init__(self):
-        self.mutex = threading.Lock()
-        self.epoll = select.epoll() if hasattr(select, "epoll") else None
-        self._by_fd = {}              # fd -> Turn waiting for it
-        self._until = {}              # fd -> when the threadless wait of its Turn ends
-        self._parked = {}             # fd -> (tunnel, until, on bytes, on silence)
-        self._draining = {}           # fd -> (socket, until, then)
-        self.idle = collections.OrderedDict()   # Turn -> None
-        self.handed = []
-        self._next_check = 0.0        # when to look for waits out of time
-        self._thread = None
-        self._running_handed = threading.local()
-        self._forever = False         # the poller sleeps with no timeout
-        self._closing = False
-        self._wake_r = self._wake_w = None
-
-    def start(self):
-        """The poller's thread, for the listener's life (RuntimeError if the
-        system refuses it: at start-up, never on the accept path)."""
-        if self.epoll is None or self._thread is not None:
-            return
-        self._wake_r, self._wake_w = socket.socketpair()
-        for end in (self._wake_r, self._wake_w):
-            end.setblocking(False)
-        self.epoll.register(self._wake_r.fileno(), select.EPOLLIN)
-        self._thread = threading.Thread(target=self._run, name="handshake-waits", daemon=True)
-        self._thread.start()
-
-    def close(self):
-        """Stop the poller's thread."""
-        if self._thread is None:
-            return
-        with self.mutex:
-            self._closing = True
-        self._wake()
-        self._thread.join(5)
-        self._thread = None
-        for end in (self._wake_r, self._wake_w):
-            end.close()
-
-    def _wake(self):
-        try:
-            self._wake_w.send(b"x")
-        except (OSError, AttributeError):
-            pass
-
-    def _timed(self):
-        """A wait with an end was added (``mutex`` held): a poller asleep for good must look."""
-        if self._forever:
-            self._forever = False
-            self._wake()
-
-    def run_handed(self):
-        """Run what ``Turn.handed`` queued, outside ``mutex`` (one loop per thread:
-        what a run hands on is run by the same loop)."""
-        if getattr(self._running_handed, "on", False):
-            return
-        self._running_handed.on = True
-        try:
-            while True:
-                with self.mutex:
-                    if not self.handed:
-                        return
-                    jobs, self.handed = self.handed, []
-                for job in jobs:
-                    job()
-        finally:
-            self._running_handed.on = False
-
-    def park(self, tunnel, until, then, late):
-        """Call ``then`` (on the poller's thread) once ``tunnel.conn`` has bytes,
-        or ``late`` at ``until``: a connection whose client has not spoken holds
-        no thread."""
-        fd = tunnel.conn.fileno()
-        with self.mutex:
-            tunnel.parked = True
-            self._parked[fd] = (tunnel, until, then, late)
-            self.idle[tunnel.turn] = None
-            self.epoll.register(fd, select.EPOLLIN | select.EPOLLONESHOT)
-            self._timed()
-
-    def _unpark(self, fd):
-        """(``mutex`` held) The parked entry of ``fd``, no longer parked."""
-        entry = self._parked.pop(fd)
-        entry[0].parked = False
-        self.idle.pop(entry[0].turn, None)
-        return entry
-
-    def take_idle(self):
-        """The handshake that has waited longest for its client, taken out of
-        every wait: (its tunnel, True) when no thread holds it (it is the
-        caller's to end), (its tunnel, False) when its thread sleeps on it (the
-        caller shuts its socket, which wakes the thread); or None."""
-        with self.mutex:
-            if not self.idle:
-                return None
-            turn, _ = self.idle.popitem(last=False)
-            tunnel = turn.tunnel
-            fd = tunnel.conn.fileno()
-            if tunnel.parked:
-                self._unpark(fd)
-                self._unregister(fd)
-                return tunnel, True
-            if turn.resume is None:
-                return tunnel, False
-            self.forget(turn)
-            turn.state, turn.resume = IDLE, None
-            return tunnel, True
-
-    def watch(self, turn, sock, write, until=None):
-        """Wake ``turn`` once ``sock`` is ready (``mutex`` held); at ``until`` too, if given."""
-        fd = sock.fileno()
-        mask = (select.EPOLLOUT if write else select.EPOLLIN) | select.EPOLLONESHOT
-        try:
-            self.epoll.register(fd, mask)
-        except FileExistsError:     # registered before, disarmed since it fired
-            self.epoll.modify(fd, mask)
-        self._by_fd[fd] = turn
-        turn.fd = fd
-        if fd == turn.client_fd:
-            self.idle[turn] = None
-        if until is not None:
-            self._until[fd] = until
-            self._timed()
-
-    def forget(self, turn):
-        """``turn`` waits no more (``mutex`` held)."""
-        self.idle.pop(turn, None)
-        if self._by_fd.get(turn.fd) is turn:
-            del self._by_fd[turn.fd]
-            self._until.pop(turn.fd, None)
-            self._unregister(turn.fd)
-
-    def drain(self, sock, until, then):
-        """Read and discard what ``sock`` receives until the monotonic time
-        ``until`` or its end, then call ``then`` (on the poller's thread): how
-        an obfs4 bridge ends a failed handshake, with no thread."""
-        fd = sock.fileno()
-        with self.mutex:
-            self._draining[fd] = (sock, until, then)
-            try:
-                self.epoll.register(fd, select.EPOLLIN)
-            except FileExistsError:     # registered before, disarmed since it fired
-                self.epoll.modify(fd, select.EPOLLIN)
-            self._timed()
-
-    def end_drains(self):
-        """End every drain now (the listener stops)."""
-        with self.mutex:
-            drains, self._draining = self._draining, {}
-            for fd in drains:
-                self._unregister(fd)
-        for _, _, then in drains.values():
-            then()
-
-    def _unregister(self, fd):
-        try:
-            self.epoll.unregister(fd)
-        except OSError:
-            pass
-
-    @staticmethod
-    def _drained(sock):
-        """Read what ``sock`` holds; True at its end (or a reset)."""
-        try:
-            while sock.recv(65536):
-                pass
-            return True
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
-
-    def _run(self):
-        wake = self._wake_r.fileno()
-        while True:
-            with self.mutex:
-                if self._closing:
-                    return
-                timed = self._parked or self._until or self._draining
-                self._forever = not timed
-            events = self.epoll.poll(PARK_CHECK if timed else -1)
-            due = []
-            with self.mutex:
-                self._forever = False
-                for fd, _ in events:
-                    if fd == wake:
-                        try:
-                            self._wake_r.recv(4096)
-                        except OSError:
-                            pass
-                        continue
-                    turn = self._by_fd.pop(fd, None)
-                    if turn is not None:
-                        self._until.pop(fd, None)
-                        self.idle.pop(turn, None)
-                        if turn.state == NET:
-                            turn.turns.ready(turn)
-                    elif fd in self._parked:
-                        due.append(self._unpark(fd)[2])
-                    elif fd in self._draining and self._drained(self._draining[fd][0]):
-                        self._unregister(fd)
-                        due.append(self._draining.pop(fd)[2])
-                now = time.monotonic()
-                if now >= self._next_check:
-                    self._next_check = now + PARK_CHECK
-                    due.extend(self._out_of_time(now))
-            self.run_handed()
-            for then in due:
-                then()
-
-    def _out_of_time(self, now):
-        """(``mutex`` held) End the waits whose time has come; what to call then."""
-        due = []
-        for fd in [fd for fd, entry in self._parked.items() if entry[1] <= now]:
-            self._unregister(fd)
-            due.append(self._unpark(fd)[3])
-        for fd in [fd for fd, until in self._until.items() if until <= now]:
-            turn = self._by_fd[fd]
-            self.forget(turn)
-            if turn.state == NET:
-                turn.turns.ready(turn)      # its next step finds the deadline passed
-        for fd in [fd for fd, entry in self._draining.items() if entry[1] <= now]:
-            self._unregister(fd)
-            due.append(self._draining.pop(fd)[2])
-        return due
-
-
-PARK_CHECK = 0.5    # seconds between looks for parked connections out of time
-
-
-def somaxconn():
-    """The system's limit on a listen backlog: a larger backlog is cut to it, a
-    smaller one overflows first (obfs4proxy, like every Go server, listens with it)."""
-    try:
-        with open("/proc/sys/net/core/somaxconn") as limit:
-            return max(int(limit.read()), 1)
-    except (OSError, ValueError):
-        return socket.SOMAXCONN
-
-
-def listen(address, backlog=None):
-    """A listening socket on (host, port); port 0 picks a free one. The backlog
-    is the system's most (``somaxconn``) unless given: a storm of connections
-    must wait in it, not be dropped by it."""
-    if backlog is None:
-        backlog = somaxconn()
-    host, port = address
-    family, kind, proto, _, sockaddr = socket.getaddrinfo(
-        host, port, 0, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        if sys.platform == "win32":
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
-        else:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(sockaddr)
-        sock.listen(backlog)
-    except OSError as exc:
-        sock.close()
-        if isinstance(exc, PermissionError) and 0 < port < 1024 and sys.platform != "win32":
-            raise PermissionError(exc.errno, "%s (ports below 1024 need root or the "
-                                  "CAP_NET_BIND_SERVICE capability)" % exc.strerror)
-        raise
-    return sock
-
-
-# --- Process setup -----------------------------------------------------------------
-
-# The signals that stop the process: what an operator (kill, systemd, logrotate
-# scripts), Tor, or a terminal (Ctrl-C, Ctrl-\, a closed window's SIGHUP; on
-# Windows Ctrl-Break) sends. Each one's default action ends the process anyway;
-# handled, the end is told in the log and every live tunnel is reset, in order.
-# SIGQUIT too: its core dump of an interpreter helps nobody, and a user who
-# presses Ctrl-\ wants the process gone. SIGUSR1 and SIGUSR2 too: we give them no
-# other meaning, and whoever sends one to a process that does not handle it
-# means it to end.
-STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGBREAK")
-
-
-def install_signal_handlers(listener):
-    """SIGINT first: stop accepting, let tunnels finish (up to
-    Listener.GRACE_SECONDS). Any of STOP_SIGNALS, or SIGINT a second time: stop
-    now. One more while stopping now: exit at once (``os._exit``).
-
-    Stopping now resets the tunnels still live, then the process ends: the
-    garbage collector's last pass over every tunnel's objects at interpreter
-    exit is skipped (``gc.freeze``), since the OS frees the memory anyway.
-    With 9,900 open tunnels that pass alone held the exit for 2-3 s. Exiting
-    at once loses nothing: every live tunnel's sockets reset when the kernel
-    closes them (``reset_on_close``)."""
-    import signal
-
-    def exit_soon():
-        gc.disable()
-        getattr(gc, "freeze", lambda: None)()   # 3.6 has no freeze
-
-    def on_int(signum, frame):
-        if listener.stopping_now:
-            os._exit(128 + signum)
-        listener.stop(graceful=True)
-        if listener.stopping_now:
-            exit_soon()
-
-    def on_stop(signum, frame):
-        if listener.stopping_now:
-            os._exit(128 + signum)
-        listener.stop(graceful=False)
-        exit_soon()
-
-    signal.signal(signal.SIGINT, on_int)
-    for name in STOP_SIGNALS:
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), on_stop)
-
-
-# While one thread does key work, the pump waking up waits for the GIL up to
-# the switch interval (5 ms by default) at every step: 1 ms keeps a tunnel's
-# round trip at a few milliseconds during a handshake flood (measured with
-# obfs2 shared secrets: mean 12 ms at 5 ms, 3 ms at 1 ms).
-SWITCH_INTERVAL = 0.001
-
-
-def prepare_for_serving(max_connections):
-    """What every long-running mode does once, before it listens: smaller
-    thread stacks, enough file descriptors, a short GIL switch interval, and
-    the start-up's objects out of the garbage collector's way.
-
-    Why the last: a pass over the collector's oldest generation scans every
-    tracked object in one go, on whichever thread triggers it, and start-up
-    leaves ~22,000 there (modules, classes, pycryptodome's and docopt's
-    tables): such a pass held a connection up for 20-30 ms, about once per
-    2,000 sequential setups. Collected once and frozen (``gc.freeze``: never
-    scanned again), they cost nothing."""
-    threading.stack_size(THREAD_STACK)
-    raise_descriptor_limit(max_connections)
-    if sys.getswitchinterval() > SWITCH_INTERVAL:
-        sys.setswitchinterval(SWITCH_INTERVAL)
-    gc.collect()
-    getattr(gc, "freeze", lambda: None)()   # 3.6 has no freeze: it scans them
-
-
-def descriptor_ceiling():
-    """The descriptor number from which a new connection first makes room, by
-    dropping the handshake that has waited longest for its client: the soft
-    RLIMIT_NOFILE less a reserve (an eighth, or 64 if more, but at most a
-    quarter) for what connections
-    being set up still open (a connection to --dest each, a pump's wake-up
-    pair, a log file). Pending handshakes then never take the descriptors a
-    prompt client needs. None where descriptors are not small numbers handed
-    out lowest first (Windows), or are not limited."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return None
-    return soft - max(soft // 8, min(64, soft // 4))
-
-
-def raise_descriptor_limit(max_connections):
-    """Raise the soft RLIMIT_NOFILE as far as --max-connections needs (two
-    descriptors a tunnel, and one for each pending handshake, whose limit is
-    four times as many): the common default of 1024 would fail connections long
-    before the cap. Warn when the hard limit forbids it."""
-    try:
-        import resource
-    except ImportError:  # not POSIX: nothing to raise
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 6 * max_connections + 64
-    unlimited = resource.RLIM_INFINITY
-    if soft != unlimited and soft < need:
-        target = need if hard == unlimited else min(need, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    if soft != unlimited and soft < need:
-        log.warning("only %d file descriptors allowed (ulimit -n); --max-connections=%d "
-                    "needs about %d, so connections beyond ~%d will fail",
-                    soft, max_connections, need, (soft - 64) // 6)
 
 
 def _reset_by(sock, exc):

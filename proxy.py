@@ -38,7 +38,6 @@ import os
 import socket
 import stat
 import sys
-import threading
 import time
 from typing import Any, Optional
 
@@ -46,6 +45,7 @@ import outbound
 import pool
 import socks
 import transports
+from handshake_scheduler import Busy
 from outbound import Deadline, format_address, open_connection, send_all  # noqa: F401 (Deadline: for callers)
 from relay import CHUNK, Relay
 
@@ -170,105 +170,7 @@ def failure_kind(transport, exc):
     return "timeout" if isinstance(exc, socket.timeout) else "other"
 
 
-# --- Key work and its pools ------------------------------------------------------------
-
-class KeyWork:
-    """One listening socket's slot for expensive handshake work (modular
-    exponentiation, X25519, shared-secret hashing, a TLS handshake), held while
-    a transport that says ``expensive`` runs ``start`` or ``receive``.
-
-    That work holds the GIL: N handshakes computing at once would slow every
-    other thread (the pump, the accept loop) N-fold. One at a time per listening
-    socket keeps live tunnels flowing; the others queue, each within its own
-    handshake deadline. One slot per listening socket, not per process: a
-    bridge serving obfs2 with a shared secret (100,000 SHA-256 before the first
-    check, so cheap to probe) and obfs4 side by side must not let a flood of
-    24-byte obfs2 probes queue obfs4's handshakes behind it (it did: 2.4 ms
-    became 10 s at 30 probes a second). Slots made by ``sibling`` share the
-    count of handshakes under way, which the pools read (``idle``). Owned by the
-    ``Listener``; see also ``listener.prepare_for_serving`` (the switch interval).
-    """
-
-    def __init__(self, _activity=None):
-        self._slot = threading.BoundedSemaphore(1)
-        self._activity = _activity or _Activity()
-
-    def sibling(self):
-        """A slot of its own that counts in the same activity (another listening socket)."""
-        return KeyWork(self._activity)
-
-    def held(self, transport, deadline):
-        return _Held(self._slot if transport.expensive else None, deadline)
-
-    def begin(self):
-        self._activity.begin()
-
-    def end(self):
-        self._activity.end()
-
-    @property
-    def handshakes(self):
-        return self._activity.handshakes
-
-    def idle(self):
-        """True after QUIET_SECONDS without any handshake. The pools refill only
-        then, so that their key work never takes a core from a connection being
-        set up (a 2-core machine running client, server and application has none
-        to spare: refilling right after each take made back-to-back setups slower)."""
-        return self._activity.idle()
-
-
-class _Activity:
-    """How many transport handshakes are under way, on any listening socket."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.handshakes = 0
-        self._last = 0.0              # when the last one ended (time.monotonic())
-
-    def begin(self):
-        with self._lock:
-            self.handshakes += 1
-
-    def end(self):
-        with self._lock:
-            self.handshakes -= 1
-            self._last = time.monotonic()
-
-    def idle(self):
-        return not self.handshakes and time.monotonic() - self._last >= QUIET_SECONDS
-
-
-QUIET_SECONDS = 0.005   # no handshake for this long: the pools may refill
-
-
-class Busy(socket.timeout):
-    """The deadline passed while this handshake waited for its listener's key-work
-    slot or its turn for the CPU (listener.Turn): this process was busy, the peer
-    did nothing wrong. A socket.timeout, so
-    that every path that ends a timed-out handshake ends this one too; the log
-    says it as what it is (``why``, ``failure_kind``: "busy")."""
-
-
-class _Held:
-    def __init__(self, slot, deadline):
-        self.slot, self.deadline = slot, deadline
-
-    def __enter__(self):
-        if self.slot is not None:
-            left = self.deadline.remaining()   # passed before any wait here: a timeout, not Busy
-            try:
-                acquired = self.slot.acquire(timeout=left)
-            except socket.timeout:
-                acquired = False
-            if not acquired:
-                raise Busy("the deadline passed while it waited for this process's "
-                                     "key work (too many handshakes here at once)")
-
-    def __exit__(self, *exc):
-        if self.slot is not None:
-            self.slot.release()
-
+# --- The pools of key work ----------------------------------------------------------
 
 class Pools:
     """A listener's pools of handshake material (pool.py), one per kind of item

@@ -31,7 +31,7 @@ def thread_count(pid):
 
 
 # A proxy at rest runs its main thread (the accept loop) and its listener's
-# poller (listener._Waits), which starts with the listener and never idles out,
+# poller (handshake_scheduler.Waits), which starts with the listener and never idles out,
 # so that no connection ever needs a thread start for it.
 AT_REST = 2
 

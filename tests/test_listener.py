@@ -18,7 +18,9 @@ import time
 import pytest
 from support import EchoServer, Program, fmt, recv_all, recv_exact, socks5_connect, socks5_request, wait_until
 
+import handshake_scheduler
 import listener
+import process_setup
 import proxy
 
 WAIT = 10.0
@@ -564,7 +566,7 @@ def toy_server(monkeypatch, request):
     with the param "not parked", a connection gets its thread at once."""
     import transports
     monkeypatch.setitem(transports.TRANSPORTS, "toy", Toy)
-    monkeypatch.setattr(listener, "TURNS", 2)
+    monkeypatch.setattr(handshake_scheduler, "TURNS", 2)
     if request.param == "not parked":
         monkeypatch.setattr(listener, "first_wait", lambda handler, settings: None)
     Toy.running = Toy.most = 0
@@ -642,7 +644,7 @@ def test_a_local_wait_for_key_work_is_not_blamed_on_the_bridge():
     waited on."""
     secret = {"shared-secret": "busy here", "ss-hash-iterations": "10"}
     settings = proxy.Settings("obfs2", options=secret, handshake_timeout=0.5)
-    key_work = proxy.KeyWork()
+    key_work = handshake_scheduler.KeyWork()
 
     class Tunnel:
         pools = None
@@ -674,11 +676,11 @@ def test_the_listen_backlog_follows_the_system_limit(monkeypatch):
     real = socket.socket.listen
     monkeypatch.setattr(socket.socket, "listen", lambda sock, backlog: asked.append(backlog) or
                         real(sock, backlog))
-    listener.listen(("127.0.0.1", 0)).close()
-    assert asked == [listener.somaxconn()]
+    process_setup.listen(("127.0.0.1", 0)).close()
+    assert asked == [process_setup.somaxconn()]
     if os.path.exists("/proc/sys/net/core/somaxconn"):
         with open("/proc/sys/net/core/somaxconn") as limit:
-            assert listener.somaxconn() == int(limit.read())
+            assert process_setup.somaxconn() == int(limit.read())
 
 
 @pytest.mark.parametrize("path", ["at once", "idle then a large step"])
@@ -870,7 +872,7 @@ def test_silent_slow_and_failed_clients_hold_no_thread_through_their_linger(quic
             watcher.join(WAIT)
             for sock in every:
                 sock.close()
-    assert most[0] <= listener.TURNS + node.SPARE_THREADS, "%d handshake threads at once" % most[0]
+    assert most[0] <= handshake_scheduler.TURNS + node.SPARE_THREADS, "%d handshake threads at once" % most[0]
     lines = [r.getMessage() for r in caplog.records]
     timeouts = [line for line in lines if "handshake timed out: no obfs4 handshake within 1 s" in line]
     assert len(timeouts) == 40, lines
@@ -955,7 +957,8 @@ def test_the_poller_never_needs_a_thread_start_after_the_listener_is_up(monkeypa
             for _ in range(3):
                 socket.create_connection(address, timeout=WAIT).close()
             wait_until(lambda: node.accepted == 3 and node.live == 0, what="3 parked, then closed")
-            time.sleep(listener.PARK_CHECK * 2)      # the poller has had time to idle out, if it would
+            # Time for a poller that idles out to have done so (this one never does).
+            time.sleep(handshake_scheduler.PARK_CHECK * 2)
             with socket.create_connection(address, timeout=WAIT) as parked:
                 wait_until(lambda: node.accepted == 4, what="a 4th parked")
                 sock = socks_echo(address, echo.address, b"still serving")

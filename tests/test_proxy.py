@@ -75,6 +75,7 @@ from support import (
     socks5_connect,
 )
 
+import handshake_scheduler
 import listener
 import obfs2
 import outbound
@@ -571,7 +572,7 @@ def test_expensive_handshake_steps_run_one_at_a_time():
     expensive one waits for the slot (here past its deadline), a cheap one
     does not wait, and the slot is free again afterwards. The effect on a live
     tunnel's RTT during a flood is measured in the slow group."""
-    key_work = proxy.KeyWork()
+    key_work = handshake_scheduler.KeyWork()
     first, second, cheap = SlowKeys(), SlowKeys(), SlowKeys(expensive=False)
     second.release.set()
     cheap.release.set()

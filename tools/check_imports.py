@@ -5,7 +5,7 @@ Reads every ``*.py`` of the project's root (the runtime) and of ``teaching/`` (t
 teaching tools, named ``teaching.demo`` and so on) with ``ast`` (nothing is imported or
 run), keeps the imports that name one of the project's own modules, wherever they stand
 (a lazy import inside a function is an edge too), prints the graph one ``module -> deps``
-line per module, and checks five rules::
+line per module, and checks six rules::
 
     1. no cycle                    a -> b -> a would make the layers meaningless
     2. nobody imports obfsproxy    the CLI is the top; nothing may depend on it
@@ -23,6 +23,10 @@ line per module, and checks five rules::
        teaching                    that only serves traffic takes the root alone; the
                                    CLI reaches demo, unmask and detect inside a
                                    function, only when one of them runs
+    6. the scheduler knows no      handshake_scheduler imports only outbound (for a
+       tunnel                      thread's own poll), process_setup only proxy (its
+                                   logger): turns, waits and process limits stay
+                                   apart from the listener that uses them
 
 Exit status 0 when all hold, 1 (with one line per violation on stderr) when
 one does not or a file does not parse.
@@ -55,6 +59,8 @@ LEAF_ALLOWED = {("obfs4", "obfs4_crypto"), ("obfs4", "obfs4_drbg"), ("obfs4", "c
                 # behind a socketpair), checked by its JA4 at start-up
                 ("webtunnel", "addresses"), ("webtunnel", "browser_tls"), ("browser_tls", "tlswire")}
 STDLIB_ONLY = ("relay", "webtunnel")
+# What the listener's helpers may import of ours (rule 6): none of them knows tunnels.
+ONLY = {"handshake_scheduler": {"outbound"}, "process_setup": {"proxy"}}
 STDLIB = getattr(sys, "stdlib_module_names", None)
 
 
@@ -172,6 +178,8 @@ def violations(graph, outside=None, lazy=None):
             for dep in deps:
                 if (module, dep) not in LEAF_ALLOWED:
                     problems.append("%s is a sans-IO leaf but imports %s" % (module, dep))
+        for dep in sorted(set(deps) - ONLY.get(module, set(deps))):
+            problems.append("%s must not know tunnels, but imports %s" % (module, dep))
     return problems
 
 
