@@ -329,7 +329,6 @@ class Waits:
         self._next_check = 0.0        # when to look for waits out of time
         self._thread = None
         self._running_handed = threading.local()
-        self._forever = False         # the poller sleeps with no timeout
         self._closing = False
         self._wake_r = self._wake_w = None
 
@@ -363,12 +362,6 @@ class Waits:
         except (OSError, AttributeError):
             pass
 
-    def _timed(self):
-        """A wait with an end was added (``mutex`` held): a poller asleep for good must look."""
-        if self._forever:
-            self._forever = False
-            self._wake()
-
     def run_handed(self):
         """Run what ``Turn.handed`` queued, outside ``mutex`` (one loop per thread:
         what a run hands on is run by the same loop)."""
@@ -396,7 +389,6 @@ class Waits:
             self._parked[fd] = (tunnel, until, then, late)
             self.idle[tunnel.turn] = None
             self.epoll.register(fd, select.EPOLLIN | select.EPOLLONESHOT)
-            self._timed()
 
     def _unpark(self, fd):
         """(``mutex`` held) The parked entry of ``fd``, no longer parked."""
@@ -440,7 +432,6 @@ class Waits:
             self.idle[turn] = None
         if until is not None:
             self._until[fd] = until
-            self._timed()
 
     def forget(self, turn):
         """``turn`` waits no more (``mutex`` held)."""
@@ -461,7 +452,6 @@ class Waits:
                 self.epoll.register(fd, select.EPOLLIN)
             except FileExistsError:     # registered before, disarmed since it fired
                 self.epoll.modify(fd, select.EPOLLIN)
-            self._timed()
 
     def end_drains(self):
         """End every drain now (the listener stops)."""
@@ -493,15 +483,14 @@ class Waits:
     def _run(self):
         wake = self._wake_r.fileno()
         while True:
-            with self.mutex:
-                if self._closing:
-                    return
-                timed = self._parked or self._until or self._draining
-                self._forever = not timed
-            events = self.epoll.poll(PARK_CHECK if timed else -1)
+            if self._closing:
+                return
+            # Never without a timeout: waits with an end come and go with every
+            # connection, and waking the poller for each (to shorten its sleep)
+            # cost every prompt handshake a context switch.
+            events = self.epoll.poll(PARK_CHECK)
             due = []
             with self.mutex:
-                self._forever = False
                 for fd, _ in events:
                     if fd == wake:
                         try:
