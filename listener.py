@@ -619,6 +619,9 @@ class Listener:
         if tunnel.steps is not None:      # a handshake cut between two steps
             tunnel.steps.close()
             tunnel.steps = None
+        # No reference cycle may outlive the tunnel: one kept its transport, ciphers and
+        # sockets for the garbage collector's next full pass, which then took longer.
+        tunnel.turn.tunnel = None
         for sock, reset in sides.items():
             if not reset:
                 fin_on_close(sock)

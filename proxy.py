@@ -30,7 +30,6 @@ tells a prober more than obfs4proxy would). ``listener.Listener._end`` logs it
 and closes the sockets.
 """
 
-import contextlib
 import dataclasses
 import errno
 import logging
@@ -227,7 +226,6 @@ def transport_handshake(sock, transport, deadline, key_work):
     thread: each wait for ``sock`` goes through the deadline's turn
     (``outbound.wait_until_ready``). Returns the plaintext that arrived glued to
     the end of the peer's handshake (``exchange`` says what is sent when)."""
-    key_work.begin()
     steps = exchange(sock, transport, deadline, key_work)
     try:
         while True:
@@ -237,7 +235,6 @@ def transport_handshake(sock, transport, deadline, key_work):
         return done.value
     finally:
         steps.close()
-        key_work.end()
 
 
 def exchange(sock, transport, deadline, key_work):
@@ -246,29 +243,24 @@ def exchange(sock, transport, deadline, key_work):
     it is ready, and returns the plaintext glued to the end of the peer's
     handshake. What to send and when is the transport's business (``start``,
     then ``data_to_send`` after each ``receive``); this only moves bytes, under
-    one deadline. The key work counts as a handshake under way only while it
-    runs (``KeyWork.begin``), not while the peer is waited for."""
-    with _computing(key_work, transport, deadline):
-        ours = transport.start()
-    yield from _send_steps(sock, ours, deadline)
-    plaintext = []
-    while not transport.is_open:
-        data = yield from _recv_step(sock, deadline)
-        with _computing(key_work, transport, deadline):
-            plaintext.append(transport.receive(data))
-            owed = transport.data_to_send()
-        yield from _send_steps(sock, owed, deadline)
-    return b"".join(plaintext)
-
-
-@contextlib.contextmanager
-def _computing(key_work, transport, deadline):
+    one deadline. It counts as a handshake under way (``KeyWork.begin``) from
+    its first step to its end, so that the pools refill only between
+    handshakes."""
     key_work.begin()
     try:
         with key_work.held(transport, deadline):
-            yield
+            ours = transport.start()
+        yield from _send_steps(sock, ours, deadline)
+        plaintext = []
+        while not transport.is_open:
+            data = yield from _recv_step(sock, deadline)
+            with key_work.held(transport, deadline):
+                plaintext.append(transport.receive(data))
+                owed = transport.data_to_send()
+            yield from _send_steps(sock, owed, deadline)
     finally:
         key_work.end()
+    return b"".join(plaintext)
 
 
 def _recv_step(sock, deadline):
