@@ -1,78 +1,86 @@
-"""listener.py: listening sockets, the handshake threads, and how every tunnel ends.
+"""listener.py: the listening sockets' connections, from accept to the end of their tunnels.
 
     accept --> parked (no thread) until the client speaks, when our side has
                nothing to say first (a SOCKS port; an obfs4 or webtunnel bridge)
            --> a handshake thread runs the listener's handler (proxy.py), in
-               turns: SOCKS, connect, transport handshake ... -> a Relay
+               turns: SOCKS, connect, transport handshake ... -> a Relay; a
+               bridge's handler waits for its client between steps, with no
+               thread (handshake_scheduler.py says when each part runs)
            --> the Pump (relay.py) carries the relay until both directions end
            --> Listener._end: one log line, the sockets closed, the count down
 
 ``Listener`` is the only owner of a tunnel's sockets: whatever happens (a
 handshake that fails, a relay that ends, a stop), they are closed in
-``Listener._end``, after the failure policy has chosen between a FIN and a
-reset. A ``Tunnel`` is one accepted connection; its role (a client side that
-faces the application, or a bridge's server side) is fixed when it is made.
+``Listener._end``, with a FIN or a reset on each side as the failure policy
+(``ENDINGS``, one row per way a tunnel ends) says. Every socket of a tunnel
+resets on close from the moment the tunnel has it until it ends cleanly
+(``reset_on_close``), so that a process that dies in any way (SIGKILL, the
+OOM killer, a crash) resets its tunnels instead of ending them with a FIN
+that an application would take for a complete stream. A ``Tunnel`` is one
+accepted connection; its role (a client side that faces the application, or
+a bridge's server side) is fixed when it is made.
 
 Why threads for handshakes and one pump for relays: a handshake is a short
-script of blocking steps under one deadline (SOCKS, connect, the transport's
-messages, key work) and reads best as one; a relay is long-lived and mostly
-idle, and thousands of them are best watched by one selector. Starting a
-thread costs more CPU than a whole obfs2 handshake (measured about 160 us,
-against 50 us for a hand-over to a waiting thread, and connections come in
-bursts), so finished handshake threads wait a little for the next
-connection (``Listener`` says how).
+script of steps under one deadline (SOCKS, connect, the transport's
+messages, key work) and reads best as one (a bridge's, as a generator whose
+waits for its client hold no thread); a relay is long-lived and mostly idle,
+and thousands of them are best watched by one selector. Starting a thread
+costs more CPU than a whole obfs2 handshake (measured about 160 us, against
+50 us for a hand-over to a waiting thread, and connections come in bursts),
+so finished handshake threads wait a little for the next one (``Listener``
+says how).
 
 A bridge many people share must stay open to the client that completes its
 handshake promptly, whatever else connects. The rules, and why:
 
 * Pending handshakes are counted apart from tunnels. ``--max-connections``
   caps the tunnels relayed; ``max_pending`` (four times that unless given)
-  caps the handshakes under way. A waiting socket costs a descriptor and no
+  caps the handshakes under way, and so do the descriptors the process may
+  open (``process_setup.descriptor_ceiling``: RLIMIT_NOFILE less a reserve
+  for the connections to --dest). A waiting socket costs a descriptor and no
   thread, so the room is cheap, and it keeps an attack's thousands from being
-  dropped and reopened over and over (that churn is what costs CPU). When the
-  pending set is full, a new connection drops the oldest pending handshake
-  that waits for bytes from its client (never one being computed, or
-  dialling on), and is refused only when there is none: an attacker's
-  sockets only push each other out, and a prompt client's handshake is over
-  long before its turn to go.
-* A connection whose client has said nothing costs a descriptor, not a
-  thread: where our side has nothing to send first (``proxy.first_wait``),
-  the listener's one poller (``_Waits``) watches it and starts its thread
-  when bytes come (or at its deadline, so that it fails the usual way).
-* Handshake threads take turns (``Turns``): per listening socket, at most
-  TURNS of them run Python at once; the rest sleep on a lock of their own
-  until the poller says their socket is ready and a turn is free. When each
-  thread polled its own socket, a thousand clients sending a byte in the
-  same instant woke a thousand threads that fought the pump for the GIL
-  (1.6 cores spent, live tunnels stalled for seconds), and a storm of 2,000
-  handshakes left the pump and the accept loop a fraction of the GIL. Turns
-  are per listening socket, like the key-work slot, so that a flood on one
-  transport's port cannot queue another's handshakes.
+  dropped and reopened over and over (that churn is what costs CPU). When
+  either limit is reached, a new connection drops the pending handshake that
+  has waited longest for bytes from its client (never one being computed, or
+  dialling on; found at once, ``Waits.idle``), and is refused only when there
+  is none: an attacker's sockets only push each other out, and a prompt
+  client's handshake is over long before its turn to go.
+* A connection waiting for its client costs a descriptor, not a thread, for
+  its whole life: one that has said nothing (where our side has nothing to
+  send first, ``proxy.first_wait``), one between two of its client's bytes
+  (a bridge's handshake is a series of steps, ``proxy.exchange``, resumed by
+  the poller), and one whose handshake failed and lingers before its FIN
+  (``proxy.ClientFailed``: the poller reads and discards). A silent one that
+  reaches its deadline is ended by the poller itself. So an attack of silent
+  or slow sockets costs no thread per socket, and a task limit (a
+  container's pids limit, systemd's TasksMax) is never reached by one.
+* A thread the system refuses ends that one connection (a reset, counted in
+  ``threads_refused``, said once per interval); the poller's own thread
+  starts with the listener, so the accept path never needs one.
 * The accept loop empties the backlog on each wake-up, and the backlog is
-  the system's most (``somaxconn``, as Go servers such as obfs4proxy use):
-  a storm waits in the kernel's queue instead of overflowing it into SYN
-  retransmissions 1, 2 and 4 s later.
+  the system's most (``process_setup.somaxconn``, as Go servers such as
+  obfs4proxy use): a storm waits in the kernel's queue instead of
+  overflowing it into SYN retransmissions 1, 2 and 4 s later.
 """
 
-import contextlib
-import gc
+import errno
+import inspect
 import logging
 import queue
 import re
-import select
 import selectors
 import socket
+import struct
 import sys
 import threading
 import time
-from collections import deque
 
 import outbound
 import relay as relay_
 import socks
-from proxy import NOTICE, Busy, HopFailed, KeyWork, PeerClosed, Pools, first_wait, log, why
-
-THREAD_STACK = 512 * 1024   # per handshake thread (the default is 8 MiB of address space)
+from handshake_scheduler import Busy, KeyWork, Turn, Turns, Waits
+from process_setup import descriptor_ceiling, listen
+from proxy import NOTICE, ClientFailed, HopFailed, PeerClosed, Pools, first_wait, log, why
 
 
 class Tunnel:
@@ -97,18 +105,17 @@ class Tunnel:
         self.turn = turn
         self.owned = []
         self.relay = None
-        self.dropped = False      # dropped while pending, for a newer connection
+        self.steps = None         # a handler's steps under way (a generator: proxy.exchange)
+        self.dropped = None       # why it was dropped while pending, for a newer connection
         self.relaying = False     # counted in Listener.relayed
-        self.parked = False       # watched without a thread until its client speaks (_Waits.park)
+        self.parked = False       # watched without a thread until its client speaks (Waits.park)
+        self.drained = False      # its failure's linger is over (or under way)
 
     def owns(self, sock):
+        """``sock`` is closed with the tunnel; from now on it resets if the
+        process dies (``reset_on_close``), until the tunnel ends cleanly."""
+        reset_on_close(sock)
         self.owned.append(sock)
-
-    def waits_for_client(self):
-        """True while parked, or while its handshake waits for bytes from its
-        client (not for our CPU, nor for the next hop)."""
-        turn = self.turn
-        return self.parked or (turn is not None and turn.state == NET and turn.fd == self.conn.fileno())
 
     def deadline(self, seconds):
         """The handshake's deadline: ``seconds`` after accept, in this tunnel's turn."""
@@ -159,8 +166,11 @@ class Listener:
         self.pending = {}             # number -> Tunnel whose handshake runs, oldest first
         self.accepted = 0
         self.dropped = 0              # pending handshakes dropped for newer ones
+        self.threads_refused = 0      # thread starts the system refused (each closed one connection)
+        self.fd_ceiling = descriptor_ceiling()   # descriptors in use this high: make room first
+        self._base_fds = 0            # descriptors the process held before it served
         self.key_work = KeyWork()     # for the pools; each listening socket has a sibling slot
-        self.waits = _Waits()
+        self.waits = Waits()
         self.pools = Pools(self.key_work, pool_size)
         self.pumps = []
         self._lock = threading.Lock()
@@ -170,7 +180,8 @@ class Listener:
         self._stopping = None         # None, "graceful" or "now"
         self.ready = threading.Event()
         self._complaints = {}         # (kind, text) -> [when last said, how many not said since]
-        self._jobs = queue.SimpleQueue()  # connections for the waiting threads
+        # connections for the waiting threads (SimpleQueue is 3.7's; 3.6 takes a Queue)
+        self._jobs = getattr(queue, "SimpleQueue", queue.Queue)()
         self._waiting = 0             # threads waiting for a job and not yet given one
         self._inherits_tuning = None  # do accepted sockets get the listener's options? (None: not seen yet)
 
@@ -208,6 +219,9 @@ class Listener:
             pass
 
     def serve(self):
+        self.waits.start()
+        with socket.socket() as probe:    # the lowest free descriptor: about how many are in use
+            self._base_fds = probe.fileno()
         selector = _Selector()
         selector.register(self._wake_r, selectors.EVENT_READ)
         for entry in self.listeners:
@@ -227,6 +241,7 @@ class Listener:
                 selector.unregister(sock)
                 sock.close()
             self.listeners = []
+        self.waits.end_drains()      # failed handshakes lingering: their FIN now
         if self._stopping == "graceful" and self.live:
             log.log(NOTICE, "stopped accepting; waiting for %d live connection(s), at most %.0f s "
                     "(interrupt again to stop now)", self.live, self.GRACE_SECONDS)
@@ -237,6 +252,7 @@ class Listener:
                 if self.tick:
                     self.tick()
         selector.close()
+        self.waits.close()
         self.pools.close()
         # Said, so that the log shows that transfers were cut short (a handshake
         # still in progress ends too, with its own line at info).
@@ -262,13 +278,17 @@ class Listener:
     def _accept(self, listener, handler, settings, key_work, turns, parks):
         """Accept what the backlog holds (up to ACCEPT_BATCH): during a storm one
         wake-up per connection left the backlog to overflow (the kernel then drops
-        SYNs, and clients retry after 1, 2, 4 s)."""
+        SYNs, and clients retry after 1, 2, 4 s). Out of descriptors, the oldest
+        handshake that waits for its client makes room (``_make_room``) before
+        the accept loop slows down."""
         for _ in range(self.ACCEPT_BATCH):
             try:
                 conn, peer = listener.accept()
             except BlockingIOError:   # the backlog is empty (or the client gave up)
                 return
             except OSError as exc:    # e.g. EMFILE: the process is out of descriptors
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._make_room():
+                    continue
                 self.complain("accept", "accept failed: %s; slowing down" % why(exc), logging.WARNING,
                               rest=None)
                 time.sleep(0.1)
@@ -278,25 +298,28 @@ class Listener:
     def _admit(self, conn, peer, handler, settings, key_work, turns, parks):
         """Count a new connection in as pending and start its handshake; refuse it
         when --max-connections tunnels are relayed; drop the oldest pending
-        handshake when max_pending are pending (the module docstring says why)."""
+        handshake that waits for its client when max_pending are pending, or
+        when descriptors run short (the module docstring says why)."""
         victim = None
         with self._lock:
             full = self.relayed >= self.max_connections
-            if not full:
-                if len(self.pending) >= self.max_pending:
-                    victim = next((each for each in self.pending.values() if each.waits_for_client()),
-                                  None)
-                    full = victim is None   # every one is being served: no room
-                if victim is not None:
-                    del self.pending[victim.number]
-                    victim.dropped = True
-                    self.dropped += 1
+            if not full and len(self.pending) >= self.max_pending:
+                why_dropped = "%d handshakes were pending, the most allowed" % self.max_pending
+            elif not full and self._short_of_descriptors(conn):
+                why_dropped = "descriptors run short (ulimit -n)"
+            else:
+                why_dropped = None
+            if why_dropped:
+                victim = self._drop_oldest(why_dropped)
+                full = victim is None   # every one is being served: no room
             if not full:
                 self.live += 1
                 self.accepted += 1
-                tunnel = Tunnel(self.accepted, conn, peer, settings, handler.initiator, self,
-                                key_work, Turn(turns, conn.fileno()))
+                tunnel = Tunnel(self.accepted, conn, peer, settings, handler.initiator, self, key_work)
+                tunnel.turn = Turn(turns, conn.fileno(), tunnel)
                 self.pending[tunnel.number] = tunnel
+        if not full:
+            reset_on_close(conn)      # any death from here on resets it, until a clean end
         if full:
             conn.close()
             if self.relayed >= self.max_connections:
@@ -307,20 +330,57 @@ class Listener:
                               "waiting for its client" % self.max_pending, logging.WARNING, rest=None)
             return
         if victim is not None:
-            if self.waits.unpark(victim):
-                self._end(victim, PeerClosed("dropped"))
-            else:
-                try:     # its thread, waiting for the peer, sees the end and ends it (_end)
-                    victim.conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            self._end_dropped(*victim)
+        job = (handler, tunnel)
         if parks is None:
-            self._dispatch((handler, tunnel))
+            tunnel.turn.queue(lambda: self._dispatch(job))
         else:       # nothing to do before its client speaks: no thread until then
-            self.waits.park(tunnel, tunnel.accepted_at + parks, lambda: self._dispatch((handler, tunnel)))
+            self.waits.park(tunnel, tunnel.accepted_at + parks.seconds,
+                            lambda: tunnel.turn.queue(lambda: self._dispatch(job)),
+                            lambda: self._end(tunnel, parks.silence(tunnel)))
+
+    def _short_of_descriptors(self, conn):
+        """True when the process's descriptors are near its limit: one per
+        connection, a second per relayed tunnel, plus what the process held
+        before it served; or ``conn``'s own number (POSIX hands out the lowest
+        free one) says so."""
+        ceiling = self.fd_ceiling
+        return ceiling is not None and (self.live + self.relayed + self._base_fds >= ceiling or
+                                        conn.fileno() >= ceiling)
+
+    def _drop_oldest(self, reason):
+        """Take the handshake that has waited longest for its client out of the
+        pending set (``_lock`` held), saying ``reason`` at its end: (tunnel,
+        whether it held no thread), or None."""
+        found = self.waits.take_idle()
+        if found is not None:
+            victim = found[0]
+            self.pending.pop(victim.number, None)
+            victim.dropped = reason
+            self.dropped += 1
+        return found
+
+    def _make_room(self):
+        """Out of descriptors: end the oldest handshake waiting for its client; True if one was."""
+        with self._lock:
+            victim = self._drop_oldest("out of descriptors (ulimit -n)")
+        if victim is None:
+            return False
+        self._end_dropped(*victim)
+        return True
+
+    def _end_dropped(self, tunnel, threadless):
+        if threadless:     # nobody else holds it: it ends here
+            self._end(tunnel, PeerClosed("dropped"))
+        else:
+            try:     # its thread, waiting for the peer, sees the end and ends it (_end)
+                tunnel.conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _dispatch(self, job):
-        """Give ``job`` to a waiting thread, or start one for it."""
+        """Give ``job`` to a waiting thread, or start one for it. The tunnel holds
+        its turn (``Turn.queue``): so no more threads run handshakes than turns."""
         with self._lock:
             reuse = self._waiting > 0
             if reuse:
@@ -333,6 +393,9 @@ class Listener:
             threading.Thread(target=self._worker, args=(job,), name="conn-%d" % tunnel.number,
                              daemon=True).start()
         except RuntimeError as exc:  # cannot start a new thread
+            with self._lock:
+                self.threads_refused += 1
+            tunnel.turn.give()
             self._end(tunnel, NoThread("cannot start a thread (%s)" % exc))
 
     def _worker(self, job):
@@ -353,37 +416,75 @@ class Listener:
                 job = self._jobs.get()  # a job was handed to us just now: take it
 
     def _run(self, handler, tunnel):
-        """The handshake, on this thread and in its turn; then the relay goes to a pump."""
-        log.debug("%s: accepted", tunnel.name)
+        """The handshake's next part, on this thread and in its turn: up to the
+        next wait for its client (then no thread holds it: ``_step``), or to the
+        end, when the relay goes to a pump."""
+        turn = tunnel.turn
         try:
-            tunnel.turn.take(tunnel.settings.handshake_timeout)
-            if self._inherits_tuning is None:
-                self._inherits_tuning = outbound.tuned(tunnel.conn)
-            if not self._inherits_tuning:
-                outbound.tune(tunnel.conn)
-            tunnel.conn.setblocking(False)    # from here to close (outbound.send_all says why)
-            relay = handler(tunnel.conn, tunnel.settings, tunnel)
+            turn.take(tunnel.settings.handshake_timeout)     # at once when queued for it
+            if tunnel.steps is None:
+                log.debug("%s: accepted", tunnel.name)
+                if self._inherits_tuning is None:
+                    self._inherits_tuning = outbound.tuned(tunnel.conn)
+                if not self._inherits_tuning:
+                    outbound.tune(tunnel.conn)
+                tunnel.conn.setblocking(False)    # from here to close (outbound.send_all says why)
+                relay = handler(tunnel.conn, tunnel.settings, tunnel)
+                if inspect.isgenerator(relay):
+                    tunnel.steps, relay = relay, None
+            if tunnel.steps is not None:
+                relay = self._step(handler, tunnel)
+                if relay is None:
+                    return      # it waits for the network, holding neither this thread nor a turn
         except Exception as exc:
-            tunnel.turn.give()
+            turn.give()
             self._end(tunnel, exc)
             return
-        finally:
-            tunnel.turn.give()
-        tunnel.relay = relay
+        turn.give()
+        self._relay(tunnel, relay)
+
+    def _step(self, handler, tunnel):
+        """Run the handler's steps to its Relay (returned), or to a wait for the
+        network, which the poller then keeps without a thread (None: from there
+        the tunnel is the poller's, and then another thread's)."""
+        steps = tunnel.steps
+        while True:
+            try:
+                sock, write, deadline = steps.send(None)
+            except StopIteration as done:
+                tunnel.steps = None
+                return done.value
+            if self.waits.epoll is None or self._stopping:   # no poller to wait in: wait here
+                try:
+                    outbound.wait_until_ready(sock, deadline, write)
+                except socket.timeout:
+                    pass        # the next step finds its deadline passed
+                continue
+            tunnel.turn.suspend(sock, write, deadline.end, lambda: self._dispatch((handler, tunnel)))
+            return None
+
+    def _relay(self, tunnel, relay):
+        """Hand a finished handshake's relay to a pump, if the tunnel is still
+        pending (not dropped meanwhile for a newer connection) and there is room."""
         with self._lock:
-            full = self.relayed >= self.max_connections
-            if not full and self.pending.pop(tunnel.number, None) is not None:
+            dropped = tunnel.number not in self.pending
+            full = not dropped and self.relayed >= self.max_connections
+            if not dropped and not full:
+                del self.pending[tunnel.number]
                 self.relayed += 1
                 tunnel.relaying = True
+        if dropped:       # dropped as its handshake ended: never relayed uncounted
+            relay.close()
+            self._end(tunnel, PeerClosed("dropped"))
+            return
+        tunnel.relay = relay
         if full:
-            relay.abort()
             self._end(tunnel, HopFailed("full", "refusing a tunnel: %d tunnels already open "
                                         "(--max-connections)" % self.max_connections))
             return
         try:
             self._pump().add(relay, lambda error: self._end(tunnel, error))
         except RuntimeError as exc:    # stopping now, or no thread for a new pump
-            relay.abort()
             self._end(tunnel, relay_.Stopped("stopped as its handshake ended") if self._stopping
                       else NoThread("cannot relay (%s)" % exc))
 
@@ -432,65 +533,101 @@ class Listener:
 
     def _end(self, tunnel, exc):
         """Log how the connection ended (``exc``: what ended it, None for a clean
-        end), choose FIN or reset, close its sockets, count it out."""
-        conn, settings, name = tunnel.conn, tunnel.settings, tunnel.name
-        relay = tunnel.relay
+        end), close its sockets with a FIN or a reset as ENDINGS says, count it out.
+
+        Every socket of a tunnel resets on close from the moment the tunnel has
+        it (so that a process killed in any way cuts no stream silently); only
+        the sides ENDINGS ends with a FIN are set back to a plain close. A
+        failed handshake that must linger first (``ClientFailed``) is drained in
+        the poller, and ends here again when that is over."""
+        if isinstance(exc, ClientFailed) and exc.linger_until is not None and not tunnel.drained \
+                and not self._stopping and self.waits.epoll is not None:
+            tunnel.drained = True
+            fin_on_close(tunnel.conn)
+            self.waits.drain(tunnel.conn, exc.linger_until, lambda: self._end(tunnel, exc))
+            return
         if tunnel.dropped and exc is not None:
-            self.complain("pending", "%s: dropped: %d handshakes were pending, the most allowed; "
-                          "the oldest goes to make room for a new one" % (name, self.max_pending),
-                          text="dropped")
-            exc = None if relay is None else exc
-        if exc is None:
-            if relay is not None:
-                outward, inward = relay.up.count, relay.down.count
-                if not tunnel.initiator:
-                    outward, inward = inward, outward
-                log.info("%s: closed after %d bytes client->server, %d bytes server->client "
-                         "(application bytes)", name, outward, inward)
-        elif isinstance(exc, (HopFailed, socks.SocksError)):
-            # A failure the user can act on: at the default level, rate-limited by
-            # kind and text (numbers in it, such as a magic value, do not count).
-            kind, said = ("socks", "SOCKS: %s" % exc) if isinstance(exc, socks.SocksError) \
-                else (exc.kind, str(exc))
-            self.complain(kind, "%s: %s" % (name, said), text=re.sub(r"0x[0-9a-f]+|\d+", "N", said))
-            if exc.reply:
-                try:
-                    conn.settimeout(1.0)
-                    conn.sendall(exc.reply)
-                except OSError:
-                    pass
-            if getattr(exc, "reset", False):
-                relay_.abort(conn)
-        elif relay is not None and isinstance(exc, relay.transport.ProtocolError):
-            log.info("%s: not %s: %s", name, settings.transport, exc)
-            # The application (a client's SOCKS side, a bridge's --dest) learns of
-            # the failure by a reset: a cut stream must never look complete. Only
-            # the obfuscated peer gets a plain FIN, as obfs4proxy closes it (a reset
-            # would tell a prober that flips one bit which implementation runs).
-            relay_.abort(relay.upstream)
-        elif isinstance(exc, PeerClosed):
-            log.info("%s: %s", name, exc)
-        elif isinstance(exc, Busy):
-            self.complain("busy", "%s: %s" % (name, exc), text="busy")
-        elif isinstance(exc, socket.timeout):   # only handshakes block; relays never time out
-            log.info("%s: handshake timed out after %.0f s", name, settings.handshake_timeout)
-        elif isinstance(exc, relay_.Stopped):
-            log.info("%s: reset: %s", name, exc)
-        elif isinstance(exc, NoThread):
-            log.error("%s: %s; closing it", name, exc)
-            relay_.abort(conn)
-        elif tunnel.initiator and relay is not None and _reset_by(relay.downstream, exc):
-            self.complain("reset", "%s: the bridge reset the tunnel (the application gets a reset)" % name,
-                          text="bridge reset")   # a cut stream: the operator must hear of it
-        elif isinstance(exc, OSError):
-            log.info("%s: %s", name, exc.strerror or exc)
-        else:  # a bug: keep serving everyone else
-            log.error("%s: internal error; connection closed", name,
-                      exc_info=(type(exc), exc, exc.__traceback__))
-            relay_.abort(conn)
+            self.complain("pending", "%s: dropped: %s; the oldest waiting for its client goes to "
+                          "make room for a new one" % (tunnel.name, tunnel.dropped), text=tunnel.dropped)
+            exc = None if tunnel.relay is None else exc
+        say, accepted, opened = ending(tunnel, exc)
+        getattr(self, say)(tunnel, exc)
+        relay = tunnel.relay
+        sides = {}
+        for sock in tunnel.owned:
+            sides[sock] = _resets(opened, sock, relay, exc)
+        sides[tunnel.conn] = _resets(accepted, tunnel.conn, relay, exc)
+        self._close(tunnel, sides)
+
+    # How each row of ENDINGS is said.
+
+    def _say_closed(self, tunnel, exc):
+        relay = tunnel.relay
+        if relay is not None:
+            outward, inward = relay.up.count, relay.down.count
+            if not tunnel.initiator:
+                outward, inward = inward, outward
+            log.info("%s: closed after %d bytes client->server, %d bytes server->client "
+                     "(application bytes)", tunnel.name, outward, inward)
+
+    def _say_failure(self, tunnel, exc):
+        """A failure the user can act on: at the default level, rate-limited by
+        kind and text (numbers in it, such as a magic value, do not count); then
+        its reply (a SOCKS failure, a transport's answer) is sent."""
+        kind, said = ("socks", "SOCKS: %s" % exc) if isinstance(exc, socks.SocksError) \
+            else (exc.kind, str(exc))
+        self.complain(kind, "%s: %s" % (tunnel.name, said), text=re.sub(r"0x[0-9a-f]+|\d+", "N", said))
+        if exc.reply:
+            try:
+                tunnel.conn.settimeout(1.0)
+                tunnel.conn.sendall(exc.reply)
+            except OSError:
+                pass
+
+    def _say_not_transport(self, tunnel, exc):
+        log.info("%s: not %s: %s", tunnel.name, tunnel.settings.transport, exc)
+
+    def _say_info(self, tunnel, exc):
+        log.info("%s: %s", tunnel.name, exc)
+
+    def _say_busy(self, tunnel, exc):
+        self.complain("busy", "%s: %s" % (tunnel.name, exc), text="busy")
+
+    def _say_timed_out(self, tunnel, exc):
+        log.info("%s: handshake timed out after %.0f s", tunnel.name, tunnel.settings.handshake_timeout)
+
+    def _say_reset(self, tunnel, exc):
+        log.info("%s: reset: %s", tunnel.name, exc)
+
+    def _say_no_thread(self, tunnel, exc):
+        self.complain("thread", "%s: %s; closing it" % (tunnel.name, exc), logging.ERROR, text="no thread")
+
+    def _say_bridge_reset(self, tunnel, exc):
+        self.complain("reset", "%s: the bridge reset the tunnel (the application gets a reset)"
+                      % tunnel.name, text="bridge reset")
+
+    def _say_os_error(self, tunnel, exc):
+        log.info("%s: %s", tunnel.name, exc.strerror or exc)
+
+    def _say_bug(self, tunnel, exc):
+        log.error("%s: internal error; connection closed", tunnel.name,
+                  exc_info=(type(exc), exc, exc.__traceback__))
+
+    def _close(self, tunnel, sides):
+        """Close the tunnel's sockets, each with a reset or a FIN as ``sides``
+        ({socket: reset?}) says, and count the tunnel out."""
+        if tunnel.steps is not None:      # a handshake cut between two steps
+            tunnel.steps.close()
+            tunnel.steps = None
+        # No reference cycle may outlive the tunnel: one kept its transport, ciphers and
+        # sockets for the garbage collector's next full pass, which then took longer.
+        tunnel.turn.tunnel = None
+        for sock, reset in sides.items():
+            if not reset:
+                fin_on_close(sock)
         for sock in tunnel.owned:
             sock.close()
-        conn.close()
+        tunnel.conn.close()
         with self._lock:
             self.live -= 1
             if self.pending.pop(tunnel.number, None) is None and tunnel.relaying:
@@ -503,355 +640,103 @@ class NoThread(Exception):
     """No thread could be had for a tunnel (the process is at its limit, or stopping)."""
 
 
+# How a tunnel's sockets close. FIN and RST as said; ASKED: what the error
+# asks (``HopFailed.reset``); CLEARTEXT: a reset on the socket that carries
+# cleartext (the application, --dest), a FIN to the obfuscated peer, as
+# obfs4proxy closes it (a reset would tell a prober that flips one bit which
+# implementation runs the bridge).
+FIN, RST, ASKED, CLEARTEXT = "FIN", "RST", "as asked", "RST to cleartext"
+
+
+def _clean(tunnel, exc):
+    return exc is None
+
+
+def _broke_the_protocol(tunnel, exc):
+    return tunnel.relay is not None and isinstance(exc, tunnel.relay.transport.ProtocolError)
+
+
+def _bridge_reset(tunnel, exc):
+    """A client's bridge reset a live tunnel: a cut stream the operator must hear of."""
+    return tunnel.initiator and tunnel.relay is not None and _reset_by(tunnel.relay.downstream, exc)
+
+
+def _relay_failed(tunnel, exc):
+    return tunnel.relay is not None and isinstance(exc, OSError)
+
+
+def _anything(tunnel, exc):
+    return True
+
+
+# The failure policy: what ended a tunnel -> how it is said, and how the
+# connection we accepted (a client's application, a bridge's client) and the
+# sockets we opened for it (the bridge, --dest) close. The first row that
+# matches (an exception class, or a test of the tunnel and the exception) wins.
+# "complaint": at the default level, at most once per COMPLAINT_INTERVAL for
+# its kind and text (Listener.complain); "info": one line at info.
+ENDINGS = (
+    # what ended it                  how it is said         accepted   opened      said as
+    (_clean,                         "_say_closed",         FIN,       FIN),       # info, bytes each way
+    ((HopFailed, socks.SocksError),  "_say_failure",        ASKED,     RST),       # complaint, its reply
+    (_broke_the_protocol,            "_say_not_transport",  CLEARTEXT, CLEARTEXT), # info: "not obfs4"
+    (PeerClosed,                     "_say_info",           FIN,       RST),       # info
+    (Busy,                           "_say_busy",           FIN,       RST),       # complaint
+    (socket.timeout,                 "_say_timed_out",      FIN,       RST),       # info
+    (relay_.Stopped,                 "_say_reset",          RST,       RST),       # info
+    (NoThread,                       "_say_no_thread",      RST,       RST),       # complaint, ERROR
+    (_bridge_reset,                  "_say_bridge_reset",   RST,       RST),       # complaint
+    (_relay_failed,                  "_say_os_error",       RST,       RST),       # info
+    (OSError,                        "_say_os_error",       FIN,       RST),       # info
+    (_anything,                      "_say_bug",            RST,       RST),       # ERROR, traceback
+)
+
+
+def ending(tunnel, exc):
+    """The row of ENDINGS for ``tunnel`` ended by ``exc``: (how it is said,
+    accepted, opened)."""
+    for matches, say, accepted, opened in ENDINGS:
+        if isinstance(matches, (type, tuple)):
+            if isinstance(exc, matches):
+                return say, accepted, opened
+        elif matches(tunnel, exc):
+            return say, accepted, opened
+    raise AssertionError("ENDINGS ends with a row for anything")
+
+
+def _resets(rule, sock, relay, exc):
+    """True if ``sock`` closes with a reset under ``rule`` (an ENDINGS cell)."""
+    if rule == ASKED:
+        return getattr(exc, "reset", False)
+    if rule == CLEARTEXT:
+        return sock is relay.upstream
+    return rule == RST
+
+
+# SO_LINGER on with 0 seconds: close() sends RST, and so does the kernel when it
+# closes the socket of a process that died (SIGKILL, the OOM killer, a crash).
+_RESET = struct.pack("HH" if sys.platform == "win32" else "ii", 1, 0)
+_FIN = struct.pack("HH" if sys.platform == "win32" else "ii", 0, 0)
+
+
+def reset_on_close(sock):
+    """From now on, closing ``sock`` (by us, or by the kernel for a dead process)
+    sends RST: what a tunnel's sockets carry until it ends cleanly."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+    except OSError:
+        pass
+
+
+def fin_on_close(sock):
+    """Closing ``sock`` sends a plain FIN again (the system's default)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _FIN)
+    except OSError:
+        pass
+
+
 _Selector = getattr(selectors, "PollSelector", selectors.DefaultSelector)
-
-
-# --- Turns: one handshake thread computes at a time per listening socket -------------
-
-HELD, QUEUED, NET, IDLE = "held", "queued", "net", "idle"   # where a Turn is
-
-
-class Turns:
-    """One listening socket's queue for the CPU: at most ``width`` of its
-    handshake threads run Python at once, the others in the order they became
-    ready, except that a handshake back from the next hop (a connect, the
-    bridge's answer) goes first: finishing one frees its thread and starts its
-    relay sooner than starting another would. ``running`` hold a turn,
-    ``queue`` waits for one; the rest wait for the network. (The width is more
-    than one because a turn handed over waits for the GIL, up to the switch
-    interval while the pump holds it; with one, handshakes queued on those
-    waits.)"""
-
-    def __init__(self, waits, width=None):
-        self.waits = waits
-        self.width = TURNS if width is None else width
-        self.running = 0
-        self.queue = deque()
-
-    def pass_on(self):
-        """A turn given up goes to the first in the queue (waking only that
-        thread), or back to the pool. Called with ``waits.mutex`` held."""
-        if self.queue:
-            self.queue.popleft().handed()
-        else:
-            self.running -= 1
-
-    def ready(self, turn):
-        """``turn`` may run now: it takes a free turn, or queues for one, at the
-        front if it is further along (``Turn.further``; ``waits.mutex`` held)."""
-        if self.running < self.width:
-            self.running += 1
-            turn.handed()
-        else:
-            if turn.further:
-                self.queue.appendleft(turn)
-            else:
-                self.queue.append(turn)
-            turn.state = QUEUED
-
-
-TURNS = 4      # handshake threads of one listening socket computing at once
-
-
-class Turn:
-    """One handshake's place in its listening socket's ``Turns``; used by its own
-    thread only. The thread sleeps on a lock of its own while it waits, for the
-    CPU or for the network, and is woken only when it may run: so a thousand
-    handshakes waiting cost no CPU, and never wake all at once to fight over
-    the GIL (the cost measured when each polled its own socket)."""
-
-    def __init__(self, turns, client_fd=None):
-        self.turns, self.waits = turns, turns.waits
-        self.state = IDLE
-        self.fd = None
-        self.client_fd = client_fd    # the accepted socket's descriptor
-        self.further = False      # past its client's part: back from the next hop, or a connect
-        self._wake = threading.Lock()
-        self._wake.acquire()
-
-    def handed(self):
-        self.state = HELD
-        self._wake.release()
-
-    def take(self, seconds):
-        """Wait for the turn; proxy.Busy when ``seconds`` pass first."""
-        with self.waits.mutex:
-            if self.state == HELD:
-                return
-            self.turns.ready(self)
-        self._sleep(seconds)
-
-    def give(self):
-        """Give the turn up, if held."""
-        with self.waits.mutex:
-            if self.state == HELD:
-                self.state = IDLE
-                self.turns.pass_on()
-
-    def wait(self, sock, write, seconds):
-        """Give the turn up until ``sock`` is ready to read (or write), then come
-        back with it: True; or socket.timeout when ``seconds`` pass first."""
-        if self.waits.epoll is None:       # no epoll here: the thread polls its own socket
-            end = time.monotonic() + seconds
-            self.give()
-            if not outbound._ready(sock, write, seconds):
-                raise socket.timeout("timed out")
-            self.take(max(end - time.monotonic(), 0.0))
-            return True
-        self.further = sock.fileno() != self.client_fd
-        with self.waits.mutex:
-            self.waits.watch(self, sock, write)
-            if self.state == HELD:
-                self.turns.pass_on()
-            self.state = NET
-        self._sleep(seconds)
-        return True
-
-    @contextlib.contextmanager
-    def outside(self, deadline):
-        """Run a blocking call (a connect) without the turn; take it back after."""
-        held = self.state == HELD
-        self.give()
-        yield
-        if held:
-            self.further = True
-            self.take(max(deadline.end - time.monotonic(), 0.0))
-
-    def _sleep(self, seconds):
-        if self._wake.acquire(timeout=max(seconds, 0.0)):
-            return
-        with self.waits.mutex:
-            if self.state == HELD:      # handed over as the time ran out: ours after all
-                self._wake.acquire()
-                return
-            waited_for_cpu = self.state == QUEUED
-            if waited_for_cpu:
-                self.turns.queue.remove(self)
-            elif self.state == NET:
-                self.waits.forget(self)
-            self.state = IDLE
-        if waited_for_cpu:
-            raise Busy("the deadline passed while it waited for its turn here "
-                       "(too many handshakes at once)")
-        raise socket.timeout("timed out")
-
-
-class _Waits:
-    """A Listener's one poller for every handshake waiting for the network
-    (epoll, one-shot): a socket that becomes ready puts its Turn in the queue
-    of its listening socket. Where there is no epoll, each thread polls its
-    own socket (``Turn.wait``)."""
-
-    def __init__(self):
-        self.mutex = threading.Lock()
-        self.epoll = select.epoll() if hasattr(select, "epoll") else None
-        self._by_fd = {}
-        self._parked = {}             # fd -> (tunnel, when its wait ends, what to do then)
-        self._next_check = 0.0        # when to look for parked connections out of time
-        self._thread = None
-
-    def park(self, tunnel, until, then):
-        """Call ``then`` (on the poller's thread) once ``tunnel.conn`` has bytes,
-        or at ``until``: a connection whose client has not spoken holds no thread."""
-        fd = tunnel.conn.fileno()
-        with self.mutex:
-            tunnel.parked = True
-            self._parked[fd] = (tunnel, until, then)
-            self.epoll.register(fd, select.EPOLLIN | select.EPOLLONESHOT)
-            self._start()
-
-    def unpark(self, tunnel):
-        """True if ``tunnel`` was still parked (it is not any more), False if it
-        was handed on already, or never parked."""
-        with self.mutex:
-            fd = tunnel.conn.fileno()
-            entry = self._parked.get(fd)
-            if entry is None or entry[0] is not tunnel:
-                return False
-            del self._parked[fd]
-            tunnel.parked = False
-            try:
-                self.epoll.unregister(fd)
-            except OSError:
-                pass
-            return True
-
-    def _unparked(self, fd):
-        tunnel, _, then = self._parked.pop(fd)
-        tunnel.parked = False
-        return then
-
-    def _start(self):
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="handshake-waits", daemon=True)
-            self._thread.start()
-
-    def watch(self, turn, sock, write):
-        """Wake ``turn`` once ``sock`` is ready (``mutex`` held)."""
-        fd = sock.fileno()
-        mask = (select.EPOLLOUT if write else select.EPOLLIN) | select.EPOLLONESHOT
-        try:
-            self.epoll.register(fd, mask)
-        except FileExistsError:     # registered before, disarmed since it fired
-            self.epoll.modify(fd, mask)
-        self._by_fd[fd] = turn
-        turn.fd = fd
-        self._start()
-
-    def forget(self, turn):
-        """``turn`` waits no more (its time ran out; ``mutex`` held)."""
-        if self._by_fd.get(turn.fd) is turn:
-            del self._by_fd[turn.fd]
-            try:
-                self.epoll.unregister(turn.fd)
-            except OSError:
-                pass
-
-    def _run(self):
-        """Until nobody has waited for half a second: a listener at rest keeps no
-        thread for this (``watch`` starts one again)."""
-        while True:
-            events = self.epoll.poll(0.5 if not self._parked else PARK_CHECK)
-            due = []
-            with self.mutex:
-                for fd, _ in events:
-                    turn = self._by_fd.pop(fd, None)
-                    if turn is not None and turn.state == NET:
-                        turn.turns.ready(turn)
-                    elif fd in self._parked:
-                        due.append(self._unparked(fd))
-                if self._parked:
-                    now = time.monotonic()
-                    if now >= self._next_check:
-                        self._next_check = now + PARK_CHECK
-                        for fd in [fd for fd, (_, until, _) in self._parked.items() if until <= now]:
-                            due.append(self._unparked(fd))
-                idle = not events and not due and not self._by_fd and not self._parked
-                if idle:
-                    self._thread = None
-                    return
-            for then in due:        # its handshake thread starts (its deadline may have passed)
-                then()
-
-
-PARK_CHECK = 0.5    # seconds between looks for parked connections out of time
-
-
-def somaxconn():
-    """The system's limit on a listen backlog: a larger backlog is cut to it, a
-    smaller one overflows first (obfs4proxy, like every Go server, listens with it)."""
-    try:
-        with open("/proc/sys/net/core/somaxconn") as limit:
-            return max(int(limit.read()), 1)
-    except (OSError, ValueError):
-        return socket.SOMAXCONN
-
-
-def listen(address, backlog=None):
-    """A listening socket on (host, port); port 0 picks a free one. The backlog
-    is the system's most (``somaxconn``) unless given: a storm of connections
-    must wait in it, not be dropped by it."""
-    if backlog is None:
-        backlog = somaxconn()
-    host, port = address
-    family, kind, proto, _, sockaddr = socket.getaddrinfo(
-        host, port, 0, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        if sys.platform == "win32":
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
-        else:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(sockaddr)
-        sock.listen(backlog)
-    except OSError as exc:
-        sock.close()
-        if isinstance(exc, PermissionError) and 0 < port < 1024 and sys.platform != "win32":
-            raise PermissionError(exc.errno, "%s (ports below 1024 need root or the "
-                                  "CAP_NET_BIND_SERVICE capability)" % exc.strerror)
-        raise
-    return sock
-
-
-# --- Process setup -----------------------------------------------------------------
-
-def install_signal_handlers(listener):
-    """SIGTERM: stop now. First SIGINT: stop accepting, let tunnels finish
-    (up to Listener.GRACE_SECONDS); a second SIGINT: stop now.
-
-    Stopping now resets the tunnels still live, then the process ends: the
-    garbage collector's last pass over every tunnel's objects at interpreter
-    exit is skipped (``gc.freeze``), since the OS frees the memory anyway.
-    With 9,900 open tunnels that pass alone held the exit for 2-3 s."""
-    import signal
-
-    def exit_soon():
-        gc.disable()
-        gc.freeze()
-
-    def on_int(signum, frame):
-        listener.stop(graceful=True)
-        if listener.stopping_now:
-            exit_soon()
-
-    def on_term(signum, frame):
-        listener.stop(graceful=False)
-        exit_soon()
-
-    signal.signal(signal.SIGINT, on_int)
-    if hasattr(signal, "SIGTERM"):
-        signal.signal(signal.SIGTERM, on_term)
-
-
-# While one thread does key work, the pump waking up waits for the GIL up to
-# the switch interval (5 ms by default) at every step: 1 ms keeps a tunnel's
-# round trip at a few milliseconds during a handshake flood (measured with
-# obfs2 shared secrets: mean 12 ms at 5 ms, 3 ms at 1 ms).
-SWITCH_INTERVAL = 0.001
-
-
-def prepare_for_serving(max_connections):
-    """What every long-running mode does once, before it listens: smaller
-    thread stacks, enough file descriptors, a short GIL switch interval, and
-    the start-up's objects out of the garbage collector's way.
-
-    Why the last: a pass over the collector's oldest generation scans every
-    tracked object in one go, on whichever thread triggers it, and start-up
-    leaves ~22,000 there (modules, classes, pycryptodome's and docopt's
-    tables): such a pass held a connection up for 20-30 ms, about once per
-    2,000 sequential setups. Collected once and frozen (``gc.freeze``: never
-    scanned again), they cost nothing."""
-    threading.stack_size(THREAD_STACK)
-    raise_descriptor_limit(max_connections)
-    if sys.getswitchinterval() > SWITCH_INTERVAL:
-        sys.setswitchinterval(SWITCH_INTERVAL)
-    gc.collect()
-    gc.freeze()
-
-
-def raise_descriptor_limit(max_connections):
-    """Raise the soft RLIMIT_NOFILE as far as --max-connections needs (two
-    descriptors a tunnel, and one for each pending handshake, whose limit is
-    four times as many): the common default of 1024 would fail connections long
-    before the cap. Warn when the hard limit forbids it."""
-    try:
-        import resource
-    except ImportError:  # not POSIX: nothing to raise
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 6 * max_connections + 64
-    unlimited = resource.RLIM_INFINITY
-    if soft != unlimited and soft < need:
-        target = need if hard == unlimited else min(need, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    if soft != unlimited and soft < need:
-        log.warning("only %d file descriptors allowed (ulimit -n); --max-connections=%d "
-                    "needs about %d, so connections beyond ~%d will fail",
-                    soft, max_connections, need, (soft - 64) // 6)
 
 
 def _reset_by(sock, exc):

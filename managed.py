@@ -50,6 +50,7 @@ from pathlib import Path
 import listener
 import outbound
 import pool
+import process_setup
 import proxy
 import socks
 import transports
@@ -305,7 +306,7 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
         tor.say("ENV-ERROR", str(exc))
         return 1
     log.log(NOTICE, "obfsproxy.py in managed mode (pt-spec %s), state in %s", version, state_dir)
-    listener.prepare_for_serving(max_connections)
+    process_setup.prepare_for_serving(max_connections)
     proxy.log_routes(sorted(set((clients or [[]])[0]) | set((servers or [[]])[0])))
     if base.wrappers:
         log.warning("--record-dir: saving the raw wire bytes of every connection "
@@ -320,7 +321,7 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
 
     server = listener.Listener(max_connections, tick=tick, pool_size=pool_size)
     # Handlers first: Tor may signal as soon as it has read our last line.
-    listener.install_signal_handlers(server)
+    process_setup.install_signal_handlers(server)
     if env.get("TOR_PT_EXIT_ON_STDIN_CLOSE") == "1":
         threading.Thread(target=watch_stdin, args=(server,), name="stdin", daemon=True).start()
     try:

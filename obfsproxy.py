@@ -157,6 +157,7 @@ try:   # importing the transports proves each crypto route by its known answers
     import listener
     import outbound
     import pool
+    import process_setup
     import proxy
     import socks
     import transports
@@ -431,7 +432,7 @@ def run_external(args, mode):
     except ValueError as exc:
         raise UsageError(str(exc))
     setup_logging(args)
-    listener.prepare_for_serving(max_connections)
+    process_setup.prepare_for_serving(max_connections)
     proxy.log_routes([name])
     if args["--record-dir"]:
         log.warning("--record-dir: saving the raw wire bytes of every connection in %s. "
@@ -458,7 +459,7 @@ def run_external(args, mode):
         log.log(proxy.NOTICE, "bridge line for clients: %s", bridge_line(cls, config, name, bound, announce))
     for note in getattr(config, "notes", ()):
         log.log(getattr(note, "level", proxy.NOTICE), "%s: %s", name, note)
-    listener.install_signal_handlers(server)
+    process_setup.install_signal_handlers(server)
     server.serve()
     log.log(proxy.NOTICE, "%s stopped", mode)
     return 0

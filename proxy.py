@@ -37,7 +37,6 @@ import os
 import socket
 import stat
 import sys
-import threading
 import time
 from typing import Any, Optional
 
@@ -46,6 +45,7 @@ import pool
 import socks
 import transports
 from cryptoroutes import chooser
+from handshake_scheduler import Busy
 from outbound import Deadline, format_address, open_connection, send_all
 from relay import CHUNK, Relay
 
@@ -170,105 +170,7 @@ def failure_kind(transport, exc):
     return "timeout" if isinstance(exc, socket.timeout) else "other"
 
 
-# --- Key work and its pools ------------------------------------------------------------
-
-class KeyWork:
-    """One listening socket's slot for expensive handshake work (modular
-    exponentiation, X25519, shared-secret hashing, a TLS handshake), held while
-    a transport that says ``expensive`` runs ``start`` or ``receive``.
-
-    That work holds the GIL: N handshakes computing at once would slow every
-    other thread (the pump, the accept loop) N-fold. One at a time per listening
-    socket keeps live tunnels flowing; the others queue, each within its own
-    handshake deadline. One slot per listening socket, not per process: a
-    bridge serving obfs2 with a shared secret (100,000 SHA-256 before the first
-    check, so cheap to probe) and obfs4 side by side must not let a flood of
-    24-byte obfs2 probes queue obfs4's handshakes behind it (with one slot per
-    process, an obfs4 handshake measured 2.4 ms alone and 10 s beside 30 such
-    probes a second). Slots made by ``sibling`` share the
-    count of handshakes under way, which the pools read (``idle``). Owned by the
-    ``Listener``; see also ``listener.prepare_for_serving`` (the switch interval).
-    """
-
-    def __init__(self, _activity=None):
-        self._slot = threading.BoundedSemaphore(1)
-        self._activity = _activity or _Activity()
-
-    def sibling(self):
-        """A slot of its own that counts in the same activity (another listening socket)."""
-        return KeyWork(self._activity)
-
-    def held(self, transport, deadline):
-        return _Held(self._slot if transport.expensive else None, deadline)
-
-    def begin(self):
-        self._activity.begin()
-
-    def end(self):
-        self._activity.end()
-
-    @property
-    def handshakes(self):
-        return self._activity.handshakes
-
-    def idle(self):
-        """True after QUIET_SECONDS without any handshake. The pools refill only
-        then, so that their key work never takes a core from a connection being
-        set up (a 2-core machine running client, server and application has none
-        to spare: refilling right after each take made back-to-back setups slower)."""
-        return self._activity.idle()
-
-
-class _Activity:
-    """How many transport handshakes are under way, on any listening socket."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.handshakes = 0
-        self._last = 0.0              # when the last one ended (time.monotonic())
-
-    def begin(self):
-        with self._lock:
-            self.handshakes += 1
-
-    def end(self):
-        with self._lock:
-            self.handshakes -= 1
-            self._last = time.monotonic()
-
-    def idle(self):
-        return not self.handshakes and time.monotonic() - self._last >= QUIET_SECONDS
-
-
-QUIET_SECONDS = 0.005   # no handshake for this long: the pools may refill
-
-
-class Busy(socket.timeout):
-    """The deadline passed while this handshake waited for its listener's key-work
-    slot or its turn for the CPU (listener.Turn): this process was busy, the peer
-    did nothing wrong. A socket.timeout, so
-    that every path that ends a timed-out handshake ends this one too; the log
-    says it as what it is (``why``, ``failure_kind``: "busy")."""
-
-
-class _Held:
-    def __init__(self, slot, deadline):
-        self.slot, self.deadline = slot, deadline
-
-    def __enter__(self):
-        if self.slot is not None:
-            try:
-                acquired = self.slot.acquire(timeout=self.deadline.remaining())
-            except socket.timeout:
-                acquired = False
-            if not acquired:
-                raise Busy("the deadline passed while it waited for this process's "
-                                     "key work (too many handshakes here at once)")
-
-    def __exit__(self, *exc):
-        if self.slot is not None:
-            self.slot.release()
-
+# --- The pools of key work ----------------------------------------------------------
 
 class Pools:
     """A listener's pools of handshake material (pool.py), one per kind of item
@@ -321,41 +223,76 @@ def recv_some(sock, deadline):
 
 
 def transport_handshake(sock, transport, deadline, key_work):
-    """Send our first bytes, then read until the transport is open.
+    """Send our first bytes, then read until the transport is open, on this
+    thread: each wait for ``sock`` goes through the deadline's turn
+    (``outbound.wait_until_ready``). Returns the plaintext that arrived glued to
+    the end of the peer's handshake (``exchange`` says what is sent when)."""
+    steps = exchange(sock, transport, deadline, key_work)
+    try:
+        while True:
+            waited, write, _ = next(steps)
+            outbound.wait_until_ready(waited, deadline, write)
+    except StopIteration as done:
+        return done.value
+    finally:
+        steps.close()
 
-    Returns the plaintext that arrived glued to the end of the peer's
-    handshake. What to send and when is the transport's business
-    (``start``, then ``data_to_send`` after each ``receive``); this driver
-    only moves bytes, under one deadline.
-    """
+
+def exchange(sock, transport, deadline, key_work):
+    """The transport handshake as steps: a generator that yields (socket, write?,
+    deadline) whenever the non-blocking ``sock`` would block, to be resumed once
+    it is ready, and returns the plaintext glued to the end of the peer's
+    handshake. What to send and when is the transport's business (``start``,
+    then ``data_to_send`` after each ``receive``); this only moves bytes, under
+    one deadline. It counts as a handshake under way (``KeyWork.begin``) from
+    its first step to its end, so that the pools refill only between
+    handshakes."""
     key_work.begin()
     try:
         with key_work.held(transport, deadline):
             ours = transport.start()
-        send_all(sock, ours, deadline)
+        yield from _send_steps(sock, ours, deadline)
         plaintext = []
         while not transport.is_open:
-            data = recv_some(sock, deadline)
+            data = yield from _recv_step(sock, deadline)
             with key_work.held(transport, deadline):
                 plaintext.append(transport.receive(data))
                 owed = transport.data_to_send()
-            send_all(sock, owed, deadline)
+            yield from _send_steps(sock, owed, deadline)
     finally:
         key_work.end()
     return b"".join(plaintext)
 
 
-def drain_until(sock, until, turn=None):
-    """Read and discard until the monotonic time ``until`` or the peer's EOF:
-    how an obfs4 server ends a failed handshake (it must not look different
-    from a slow one). The caller then closes with a FIN. ``turn``: the
-    handshake's (outbound.Deadline), given up while nothing comes."""
-    try:
-        deadline = Deadline(until - time.monotonic(), turn)
-        while outbound.recv_within(sock, CHUNK, deadline):
-            pass
-    except OSError:     # the time is up (socket.timeout), or the peer reset
+def _recv_step(sock, deadline):
+    """Some bytes from ``sock`` (a generator, as ``exchange``); PeerClosed at its end."""
+    while True:
+        if sock.gettimeout() != 0.0:     # a caller's socket in timeout mode: it blocks
+            data = outbound.recv_within(sock, CHUNK, deadline)
+            break
+        deadline.remaining()
+        try:
+            data = sock.recv(CHUNK)
+            break
+        except BlockingIOError:
+            yield sock, False, deadline
+    if not data:
+        raise PeerClosed("peer closed the connection during the handshake")
+    return data
+
+
+def _send_steps(sock, data, deadline):
+    """Send all of ``data`` (a generator, as ``exchange``)."""
+    if sock.gettimeout() != 0.0:
+        send_all(sock, data, deadline)
         return
+    view = memoryview(data)
+    while view:
+        deadline.remaining()
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            yield sock, True, deadline
 
 
 # --- The handlers: one connection each, as a script ----------------------------------
@@ -504,6 +441,10 @@ def _redialer(settings, address, tunnel):
 def handle_server(conn, settings, tunnel):
     """Transport handshake with the client -> connect to --dest -> a Relay.
 
+    A generator (``exchange``): it yields whenever it waits for its client, and
+    the listener resumes it once the client's bytes come, so a silent or slow
+    client holds no thread; it returns the Relay.
+
     We reach the destination only after the handshake succeeded, so for obfs4
     and webtunnel probes and garbage never touch Tor's ORPort. obfs3, and obfs2
     without a shared secret, authenticate nobody: whoever speaks them opens a
@@ -511,36 +452,23 @@ def handle_server(conn, settings, tunnel):
     A failed handshake gets the transport's answer if it has one (webtunnel: a
     web server's 404 page), or silence; a transport with ``failure_linger``
     (obfs4) keeps it open, reading and discarding, until that many seconds
-    after accept; then a FIN, as obfs4proxy closes: a prober learns nothing
-    from the timing or the close.
+    after accept (the listener drains it in its poller: ``ClientFailed``); then
+    a FIN, as obfs4proxy closes: a prober learns nothing from the timing or the
+    close.
     """
     transport = settings.new_transport(False, settings.config, tunnel.pools)
     limit = getattr(transport, "handshake_timeout", None) or settings.handshake_timeout
     deadline = tunnel.deadline(limit)
     try:
-        to_destination = transport_handshake(conn, transport, deadline, tunnel.key_work)
+        to_destination = yield from exchange(conn, transport, deadline, tunnel.key_work)
     except (socket.timeout, PeerClosed, transport.ProtocolError) as exc:
         kind = failure_kind(transport, exc)
         reply = getattr(exc, "reply", b"")
         if reply:
-            try:
-                send_all(conn, reply, Deadline(1.0, tunnel.turn))
-            except OSError:
-                pass
-        linger = getattr(transport, "failure_linger", None)
-        if linger is not None:
-            drain_until(conn, tunnel.accepted_at + linger, tunnel.turn)
+            _send_what_goes(conn, reply)
         if kind == "closed":
             raise       # the client gave up: not for the default level (a port scan does it)
-        took = time.monotonic() - tunnel.accepted_at
-        if kind == "timeout":
-            text = "handshake timed out: no %s handshake within %.0f s" % (transport.name, limit)
-        elif kind == "busy":
-            text = "%s handshake not finished: %s" % (transport.name, exc)
-        else:
-            text = "not %s: %s" % (transport.name, exc)
-        raise HopFailed("client-handshake", "%s%s; closed after %.0f s"
-                        % (text, hint(transport, kind), took), reset=False)
+        raise client_failed(transport, kind, exc, limit, tunnel.accepted_at)
     serve = getattr(transport, "serve", None)
     if serve is not None:     # it owns its connections (meek: sessions dial --dest themselves)
         return serve(conn, settings, tunnel, to_destination)
@@ -565,10 +493,60 @@ def handle_server(conn, settings, tunnel):
     return Relay(dest, conn, transport, to_upstream=to_destination)
 
 
+def _send_what_goes(sock, data):
+    """Send what the socket takes now of ``data`` (a short answer to a failed
+    client, which fits in any socket buffer); never wait."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[sock.send(view):]
+    except OSError:
+        pass
+
+
+class ClientFailed(HopFailed):
+    """A bridge's client failed its handshake. Its line says how long the
+    connection stayed open, so it is said at the close: ``linger_until`` (a
+    monotonic time, or None) is how long the connection is first drained
+    (read and discarded, as obfs4proxy does, so that a prober learns nothing
+    from the timing), then it ends with a FIN."""
+
+    def __init__(self, text, accepted_at, linger_until=None):
+        super().__init__("client-handshake", text, reset=False)
+        self.accepted_at, self.linger_until = accepted_at, linger_until
+
+    def __str__(self):
+        return "%s; closed after %.0f s" % (self.args[0], time.monotonic() - self.accepted_at)
+
+
+def client_failed(transport, kind, exc, limit, accepted_at):
+    """The ClientFailed for a bridge's handshake that failed by ``kind``
+    (``failure_kind``) with ``exc``, under a deadline of ``limit`` seconds."""
+    if kind == "timeout":
+        text = "handshake timed out: no %s handshake within %.0f s" % (transport.name, limit)
+    elif kind == "busy":
+        text = "%s handshake not finished: %s" % (transport.name, exc)
+    else:
+        text = "not %s: %s" % (transport.name, exc)
+    linger = getattr(transport, "failure_linger", None)
+    return ClientFailed(text + hint(transport, kind), accepted_at,
+                        None if linger is None else accepted_at + linger)
+
+
+class FirstWait:
+    """How long a new connection may wait for its client's first bytes without a
+    thread (``seconds``), and how it ends if none come (``silence(tunnel)``: the
+    exception its end is logged with)."""
+
+    def __init__(self, seconds, silence):
+        self.seconds, self.silence = seconds, silence
+
+
 def first_wait(handler, settings):
     """None when a new connection of this handler may need action from our side
-    before its client sends anything; else how long it may wait for the
-    client's first bytes (the listener then watches it without a thread).
+    before its client sends anything; else a FirstWait: how long it may wait for
+    the client's first bytes (the listener then watches it without a thread),
+    and how it ends if they never come.
 
     A SOCKS client always waits for the application's request. A server waits
     when its transport has nothing to send first and is not open yet (obfs4,
@@ -576,13 +554,16 @@ def first_wait(handler, settings):
     once per listening socket; obfs3 and plain obfs2 send first, and dummy is
     open at once (its --dest may be the one to speak first)."""
     if handler is handle_socks_client:
-        return settings.handshake_timeout
+        return FirstWait(settings.handshake_timeout,
+                         lambda tunnel: socket.timeout("no SOCKS request within %.0f s"
+                                                       % settings.handshake_timeout))
     if handler is not handle_server:
         return None
     probe = settings.transport_class(False, settings.config)
     if probe.start() or probe.is_open:
         return None
-    return getattr(probe, "handshake_timeout", None) or settings.handshake_timeout
+    limit = getattr(probe, "handshake_timeout", None) or settings.handshake_timeout
+    return FirstWait(limit, lambda tunnel: client_failed(probe, "timeout", None, limit, tunnel.accepted_at))
 
 
 # Each handler's side of the protocol, fixed for every tunnel it serves.

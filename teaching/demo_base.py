@@ -17,6 +17,7 @@ import obfs2
 import obfs3
 import obfs4
 import outbound
+import process_setup
 import proxy
 import transports
 from outbound import format_address
@@ -149,7 +150,7 @@ innermost = transports.innermost
 
 def echo_service():
     """A plain TCP echo on 127.0.0.1: returns (address, listening socket)."""
-    echo = listener.listen(("127.0.0.1", 0))
+    echo = process_setup.listen(("127.0.0.1", 0))
 
     def serve_one(conn):
         with conn:

@@ -30,6 +30,12 @@ def thread_count(pid):
     return proc_number(pid, "status", "Threads:")
 
 
+# A proxy at rest runs its main thread (the accept loop) and its listener's
+# poller (handshake_scheduler.Waits), which starts with the listener and never idles out,
+# so that no connection ever needs a thread start for it.
+AT_REST = 2
+
+
 def rss_bytes(pid):
     return proc_number(pid, "status", "VmRSS:") * 1024
 

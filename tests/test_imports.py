@@ -127,6 +127,15 @@ def test_a_crypto_route_importing_the_transports_fails(copy, line):
     assert "cryptoroutes.pure_aes is a crypto route but imports obfs4_" in result.stderr
 
 
+@pytest.mark.parametrize("module,dep", [("handshake_scheduler", "listener"), ("handshake_scheduler", "proxy"),
+                                        ("process_setup", "listener")])
+def test_the_listeners_helpers_importing_what_knows_tunnels_fails(copy, module, dep):
+    append(copy / ("%s.py" % module), "\nimport %s  # noqa\n" % dep)
+    result = check(copy)
+    assert result.returncode == 1
+    assert "%s must not know tunnels, but imports %s" % (module, dep) in result.stderr
+
+
 @pytest.mark.parametrize("line", ["from teaching import present", "import teaching.pcap",
                                   "from teaching.capture import FirstPacket"])
 def test_the_runtime_importing_teaching_fails(copy, line):

@@ -7,6 +7,7 @@ tests run the real program: our obfs4 client and server as subprocesses, with
 a relay between them that can flip one bit, and watch how the bridge closes.
 """
 
+import contextlib
 import logging
 import os
 import socket
@@ -17,7 +18,9 @@ import time
 import pytest
 from support import EchoServer, Program, fmt, recv_all, recv_exact, socks5_connect, socks5_request, wait_until
 
+import handshake_scheduler
 import listener
+import process_setup
 import proxy
 
 WAIT = 10.0
@@ -563,7 +566,7 @@ def toy_server(monkeypatch, request):
     with the param "not parked", a connection gets its thread at once."""
     import transports
     monkeypatch.setitem(transports.TRANSPORTS, "toy", Toy)
-    monkeypatch.setattr(listener, "TURNS", 2)
+    monkeypatch.setattr(handshake_scheduler, "TURNS", 2)
     if request.param == "not parked":
         monkeypatch.setattr(listener, "first_wait", lambda handler, settings: None)
     Toy.running = Toy.most = 0
@@ -641,7 +644,7 @@ def test_a_local_wait_for_key_work_is_not_blamed_on_the_bridge():
     waited on."""
     secret = {"shared-secret": "busy here", "ss-hash-iterations": "10"}
     settings = proxy.Settings("obfs2", options=secret, handshake_timeout=0.5)
-    key_work = proxy.KeyWork()
+    key_work = handshake_scheduler.KeyWork()
 
     class Tunnel:
         pools = None
@@ -673,11 +676,11 @@ def test_the_listen_backlog_follows_the_system_limit(monkeypatch):
     real = socket.socket.listen
     monkeypatch.setattr(socket.socket, "listen", lambda sock, backlog: asked.append(backlog) or
                         real(sock, backlog))
-    listener.listen(("127.0.0.1", 0)).close()
-    assert asked == [listener.somaxconn()]
+    process_setup.listen(("127.0.0.1", 0)).close()
+    assert asked == [process_setup.somaxconn()]
     if os.path.exists("/proc/sys/net/core/somaxconn"):
         with open("/proc/sys/net/core/somaxconn") as limit:
-            assert listener.somaxconn() == int(limit.read())
+            assert process_setup.somaxconn() == int(limit.read())
 
 
 @pytest.mark.parametrize("path", ["at once", "idle then a large step"])
@@ -741,3 +744,311 @@ def test_a_full_pending_set_drops_no_handshake_being_computed(toy_server, monkey
     finally:
         for sock in busy:
             sock.close()
+
+
+# --- Every way a process ends resets its live tunnels ----------------------------------
+
+DOWNLOAD = 256 << 20     # far more than every socket buffer on the path holds
+
+
+def give_download(conn):
+    """The destination: DOWNLOAD bytes, then a clean close (an error once cut)."""
+    block = bytes(1 << 20)
+    try:
+        for _ in range(DOWNLOAD >> 20):
+            conn.sendall(block)
+    except OSError:
+        pass
+
+
+def read_to_the_end(sock):
+    """"complete", "reset" (an error), or "clean end after N bytes" (the failure)."""
+    got = 0
+    try:
+        while True:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            got += len(chunk)
+    except OSError:
+        return "reset"
+    return "complete" if got == DOWNLOAD else "clean end after %d bytes" % got
+
+
+STOPS = [("SIGHUP",), ("SIGTERM",), ("SIGQUIT",), ("SIGUSR1",), ("SIGUSR2",), ("SIGKILL",),
+         ("SIGINT", "SIGINT")]
+
+
+@contextlib.contextmanager
+def client_and_server(transport, dest, state_dir):
+    """Our client (SOCKS) and server (to ``dest``) of ``transport``, as processes."""
+    keys = ["--state-dir=%s" % state_dir] if transport == "obfs4" else []
+    with Program("server", "--transport=" + transport, *keys, "--dest=" + fmt(dest.address),
+                 "127.0.0.1:0") as server:
+        cert = []
+        if transport == "obfs4":
+            line = server.log.wait_for(r"bridge line for clients: .*cert=(\S+) iat-mode=(\d)")
+            cert = ["--cert=" + line.group(1), "--iat-mode=0"]
+        with Program("client", "--transport=" + transport, *cert, "127.0.0.1:0") as client:
+            yield client, server
+
+
+CASES = [("obfs2", each) for each in STOPS] + [("obfs4", ("SIGKILL",)), ("dummy", ("SIGKILL",))]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+@pytest.mark.parametrize("transport, signals", CASES, ids=["%s-%s" % (t, "+".join(s)) for t, s in CASES])
+@pytest.mark.parametrize("role", ["client", "server"])
+def test_a_download_cut_by_the_end_of_either_proxy_never_looks_complete(tmp_path, role, transport, signals):
+    """A download mid-stream through our client and server; then ``signals`` to
+    one of them. Whatever ends the process (a terminal's hang-up, a kill, the
+    OOM killer's SIGKILL, a second Ctrl-C), the application either gets every
+    byte or sees a reset: never a clean end short of its length."""
+    import signal
+    with EchoServer(behaviour=give_download) as dest, \
+            client_and_server(transport, dest, tmp_path) as (client, server):
+        app = socks5_connect(client.address, server.address, timeout=WAIT)
+        with app:
+            assert recv_exact(app, 1) == b"\0"          # the tunnel is live, mid-stream
+            victim = client if role == "client" else server
+            for number, name in enumerate(signals):
+                if number:       # the first was a Ctrl-C: the second comes once it was heard
+                    victim.log.wait_for(r"stopped accepting")
+                victim.process.send_signal(getattr(signal, name))
+            outcome = read_to_the_end(app)
+            assert victim.process.wait(WAIT) is not None
+    assert outcome in ("complete", "reset"), outcome
+
+
+# --- Attack sockets wait in the poller, never on a thread --------------------------------
+
+@pytest.fixture
+def quick_obfs4_bridge(tmp_path, monkeypatch):
+    """An in-process obfs4 bridge (in front of an echo) whose handshakes time out
+    after 1 s and whose failed handshakes linger 1 s more: (its Listener, its address)."""
+    import obfs4
+    monkeypatch.setattr(obfs4, "SERVER_HANDSHAKE_TIMEOUT", 1)
+    config = obfs4.Obfs4.server_config({}, tmp_path)[0]
+    config.close_delay = 1
+    with EchoServer() as echo:
+        node, address, thread = serving(proxy.Settings("obfs4", config=config, dest=echo.address))
+        yield node, address
+        node.stop()
+        thread.join(WAIT)
+
+
+def test_silent_slow_and_failed_clients_hold_no_thread_through_their_linger(quick_obfs4_bridge, caplog):
+    """20 sockets that say nothing, 20 that send a byte every 0.1 s and 20 that
+    send garbage: past the 1 s deadline all 60 linger (read and discarded) until
+    2 s after accept, then get a FIN; and at no time do they hold more threads
+    than the listener's turns and spare threads (they held one each). A silent
+    one is logged as silent, not as this process's overload."""
+    node, address = quick_obfs4_bridge
+    silent = [socket.create_connection(address, timeout=WAIT) for _ in range(20)]
+    slow = [socket.create_connection(address, timeout=WAIT) for _ in range(20)]
+    garbage = [socket.create_connection(address, timeout=WAIT) for _ in range(20)]
+    every = silent + slow + garbage
+    most, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            most[0] = max(most[0], len(named_threads("conn-")))
+            time.sleep(0.002)
+    watcher = threading.Thread(target=watch, daemon=True)
+    with caplog.at_level(logging.INFO, logger="obfsproxy"):
+        watcher.start()
+        try:
+            for sock in garbage:
+                sock.sendall(os.urandom(8192 + 64))     # no mark within obfs4's most: a failure
+            for _ in range(15):
+                for sock in slow:
+                    sock.sendall(b"x")
+                time.sleep(0.1)
+            for sock in every:
+                assert sock.recv(65536) == b""          # the FIN, once the linger is over
+            wait_until(lambda: node.live == 0, what="all 60 counted out")
+        finally:
+            done.set()
+            watcher.join(WAIT)
+            for sock in every:
+                sock.close()
+    assert most[0] <= handshake_scheduler.TURNS + node.SPARE_THREADS, "%d handshake threads at once" % most[0]
+    lines = [r.getMessage() for r in caplog.records]
+    timeouts = [line for line in lines if "handshake timed out: no obfs4 handshake within 1 s" in line]
+    assert len(timeouts) == 40, lines
+    assert not [line for line in lines if "key work" in line], lines
+
+
+def test_a_server_that_speaks_first_holds_no_thread_for_a_silent_client():
+    """obfs2 (the server sends its seed first): 30 clients that never answer
+    take no thread each (their threads go long before the 5 s deadline); each
+    is closed at its deadline."""
+    with EchoServer() as echo:
+        node, address, thread = serving(proxy.Settings("obfs2", dest=echo.address, handshake_timeout=5),
+                                        SPARE_THREADS=0, SPARE_SECONDS=0.1)
+        try:
+            silent = [socket.create_connection(address, timeout=WAIT) for _ in range(30)]
+            for sock in silent:
+                assert len(sock.recv(16)) > 0             # the server's seed: its handshake started
+            wait_until(lambda: not named_threads("conn-"), what="no handshake thread left")
+            assert node.live == 30
+            for sock in silent:
+                assert recv_all(sock)[-1:] != b""         # its deadline: closed
+            wait_until(lambda: node.live == 0, what="all 30 counted out")
+        finally:
+            node.stop()
+            thread.join(WAIT)
+
+
+def test_a_refused_thread_is_counted_and_said_once_per_interval_and_the_listener_carries_on(
+        monkeypatch, caplog):
+    """Every handshake thread start fails for a while (the system's task limit):
+    each such connection is reset, counted, and the log says so once per
+    interval, not once per connection; the listener keeps accepting, and serves
+    again once threads can be had."""
+    with EchoServer() as echo:
+        node, address, thread = serving(proxy.Settings("dummy", dest=echo.address, handshake_timeout=5),
+                                        SPARE_THREADS=0)
+        real, refusing = threading.Thread, [True]
+
+        class Refused(real):
+            def start(self):
+                if refusing[0] and self.name.startswith("conn-"):
+                    raise RuntimeError("can't start new thread")
+                super().start()
+
+        monkeypatch.setattr(listener.threading, "Thread", Refused)
+        try:
+            with caplog.at_level(logging.NOTICE if hasattr(logging, "NOTICE") else 25, logger="obfsproxy"):
+                for _ in range(10):
+                    with pytest.raises(ConnectionResetError):
+                        with socket.create_connection(address, timeout=WAIT) as doomed:
+                            doomed.recv(1)
+                wait_until(lambda: node.threads_refused == 10, what="10 refusals counted")
+                refusing[0] = False
+                with socket.create_connection(address, timeout=WAIT) as sock:
+                    sock.sendall(b"again")
+                    sock.shutdown(socket.SHUT_WR)
+                    assert recv_all(sock) == b"again"
+            said = [r.getMessage() for r in caplog.records if "cannot start a thread" in r.getMessage()]
+            assert len(said) == 1, said
+        finally:
+            monkeypatch.undo()
+            node.stop()
+            thread.join(WAIT)
+
+
+def test_the_poller_never_needs_a_thread_start_after_the_listener_is_up(monkeypatch):
+    """Thread starts refused once the listener serves: connections that wait
+    for their client are still parked (the poller's thread started with the
+    listener), and the listener stays up."""
+    with EchoServer() as echo:
+        node, address, thread = serving(proxy.Settings("dummy"), proxy.handle_socks_client)
+        real = threading.Thread
+
+        class Refused(real):
+            def start(self):
+                if self.name == "handshake-waits":
+                    raise RuntimeError("can't start new thread")
+                super().start()
+
+        monkeypatch.setattr(listener.threading, "Thread", Refused)
+        try:
+            for _ in range(3):
+                socket.create_connection(address, timeout=WAIT).close()
+            wait_until(lambda: node.accepted == 3 and node.live == 0, what="3 parked, then closed")
+            # Time for a poller that idles out to have done so (this one never does).
+            time.sleep(handshake_scheduler.PARK_CHECK * 2)
+            with socket.create_connection(address, timeout=WAIT) as parked:
+                wait_until(lambda: node.accepted == 4, what="a 4th parked")
+                sock = socks_echo(address, echo.address, b"still serving")
+                sock.close()
+                parked.close()
+            assert thread.is_alive()
+        finally:
+            monkeypatch.undo()
+            node.stop()
+            thread.join(WAIT)
+
+
+LIMITED = r"""
+import resource, runpy, sys
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="descriptors numbered lowest first (POSIX)")
+def test_silent_sockets_never_take_the_descriptors_a_prompt_client_needs():
+    """A bridge allowed 200 descriptors (``ulimit -n 200``) and 400 sockets that
+    never answer its obfs2 seed: the oldest are dropped as descriptors run
+    short, so a prompt client still gets its tunnel at once (the pending limit,
+    four times --max-connections, is far above what the descriptors hold: the
+    prompt client waited in the backlog until its handshake deadline)."""
+    import sys
+    with EchoServer(backlog=16) as echo, \
+            Program("server", "--transport=obfs2", "--handshake-timeout=20", "--dest=" + fmt(echo.address),
+                    "127.0.0.1:0", interpreter=[sys.executable, "-c", LIMITED, "200"]) as server, \
+            Program("client", "--transport=obfs2", "--handshake-timeout=20", "127.0.0.1:0") as client:
+        silent = []
+        try:
+            for _ in range(400):
+                silent.append(socket.create_connection(server.address, timeout=WAIT))
+            with socks5_connect(client.address, server.address, timeout=10) as app:
+                app.sendall(b"prompt")
+                assert recv_exact(app, 6) == b"prompt"
+        finally:
+            for sock in silent:
+                sock.close()
+
+
+def test_a_refused_connection_scans_no_pending_handshake(dummy_pair):
+    """Pending handshakes full and none waiting for its client: a new connection
+    is refused without a look at each pending one (the scan held the lock that
+    every tunnel's end takes: 0.9 ms at 8,192)."""
+    client_address, server_address, server, client = dummy_pair
+
+    class Unscannable(dict):
+        def values(self):
+            raise AssertionError("the pending handshakes were scanned")
+        __iter__ = values
+
+    client.max_pending = 0
+    client.pending = Unscannable()
+    with socket.create_connection(client_address, timeout=WAIT) as refused:
+        assert refused.recv(1) == b""
+    assert client.accepted == 0
+
+
+def test_a_tunnel_dropped_as_its_handshake_ends_is_never_relayed():
+    """A pending tunnel dropped for a newer connection just as its handshake
+    completes (a race) is closed, not handed to a pump outside the count of
+    relayed tunnels."""
+    with EchoServer() as echo:
+        holder = {}
+
+        def racing(conn, settings, tunnel):
+            relay = yield from proxy.handle_server(conn, settings, tunnel)
+            node = holder["node"]
+            with node._lock:           # what _admit does to a victim, in the race window
+                node.pending.pop(tunnel.number)
+                tunnel.dropped = "a race"
+            return relay
+        racing.initiator = False
+        node, address, thread = serving(proxy.Settings("dummy", dest=echo.address), racing)
+        holder["node"] = node
+        try:
+            with socket.create_connection(address, timeout=WAIT) as sock:
+                sock.sendall(b"x")
+                try:
+                    echoed = sock.recv(1)
+                except ConnectionResetError:       # closed with the "x" unread
+                    echoed = b""
+                assert echoed == b"", "relayed"
+            wait_until(lambda: node.live == 0, what="counted out")
+            assert node.relayed == 0 and not any(len(pump) for pump in node.pumps)
+        finally:
+            node.stop()
+            thread.join(WAIT)

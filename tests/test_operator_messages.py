@@ -13,7 +13,7 @@ import sys
 import pytest
 from support import PROGRAM, ROOT, EchoServer, Program, echo_round_trip, fmt, socks5_connect
 
-import listener
+import process_setup
 
 POSIX_SIGNALS = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 WAIT = 30
@@ -72,7 +72,7 @@ def test_permission_denied_below_1024_names_what_grants_it(monkeypatch):
     refused by a stand-in, since the tests may run as root)."""
     refuse_bind(monkeypatch)
     with pytest.raises(PermissionError) as caught:
-        listener.listen(("127.0.0.1", 443))
+        process_setup.listen(("127.0.0.1", 443))
     assert caught.value.strerror == ("Permission denied (ports below 1024 need root or the "
                                      "CAP_NET_BIND_SERVICE capability)")
     assert caught.value.errno == errno.EACCES
@@ -81,7 +81,7 @@ def test_permission_denied_below_1024_names_what_grants_it(monkeypatch):
 def test_permission_denied_elsewhere_is_left_as_it_is(monkeypatch):
     refuse_bind(monkeypatch)
     with pytest.raises(PermissionError) as caught:
-        listener.listen(("127.0.0.1", 4430))
+        process_setup.listen(("127.0.0.1", 4430))
     assert caught.value.strerror == "Permission denied"
 
 

@@ -15,6 +15,7 @@ import time
 import pytest
 from support import wait_until
 
+import handshake_scheduler
 import listener
 import obfs2
 import obfs3
@@ -223,8 +224,8 @@ def test_obfs2_pools_are_per_role_and_secret():
 # --- The proxy ----------------------------------------------------------------------
 
 def test_key_work_is_idle_only_after_a_quiet_spell(monkeypatch):
-    monkeypatch.setattr(proxy, "QUIET_SECONDS", 0.05)
-    work = proxy.KeyWork()
+    monkeypatch.setattr(handshake_scheduler, "QUIET_SECONDS", 0.05)
+    work = handshake_scheduler.KeyWork()
     assert work.idle()
     work.begin()
     assert not work.idle()                               # a handshake is under way

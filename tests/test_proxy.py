@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from procwatch import (
+    AT_REST,
     close_wait,
     cpu_seconds,
     fd_count,
@@ -74,6 +75,7 @@ from support import (
     socks5_connect,
 )
 
+import handshake_scheduler
 import listener
 import obfs2
 import outbound
@@ -108,10 +110,10 @@ class Usage:
     """A process's descriptors and threads now, to compare with later."""
 
     def __init__(self, node):
-        """Taken at rest: only the main thread runs (the last connection's
+        """Taken at rest: only the main thread and the poller run (the last connection's
         thread may still be closing its sockets when the test sees the end)."""
         self.node, self.pid = node, node.process.pid
-        wait_until(lambda: thread_count(self.pid) == 1, 10, "%s at rest" % node.args[2])
+        wait_until(lambda: thread_count(self.pid) == AT_REST, 10, "%s at rest" % node.args[2])
         self.fds, self.threads = fd_count(self.pid), thread_count(self.pid)
 
     def back_to_baseline(self, timeout=30):
@@ -570,7 +572,7 @@ def test_expensive_handshake_steps_run_one_at_a_time():
     expensive one waits for the slot (here past its deadline), a cheap one
     does not wait, and the slot is free again afterwards. The effect on a live
     tunnel's RTT during a flood is measured in the slow group."""
-    key_work = proxy.KeyWork()
+    key_work = handshake_scheduler.KeyWork()
     first, second, cheap = SlowKeys(), SlowKeys(), SlowKeys(expensive=False)
     second.release.set()
     cheap.release.set()
@@ -741,13 +743,15 @@ def test_out_of_descriptors_fails_single_connections_and_recovers(dest):
             except (SocksReplyError, OSError):
                 pass
             failed += 1
-        assert failed and len(held) >= 10, (len(held), failed)
+        # About 40 / 2 tunnels fit, less the quarter of the descriptors kept for
+        # handshakes that complete (listener.descriptor_ceiling).
+        assert failed and len(held) >= 8, (len(held), failed)
         assert server.process.poll() is None
         for sock in held:                     # the survivors still work
             sock.sendall(b"!")
             assert recv_exact(sock, 1) == b"!"
             sock.close()
-        wait_until(lambda: thread_count(server.process.pid) == 1, 10, "the server at rest")
+        wait_until(lambda: thread_count(server.process.pid) == AT_REST, 10, "the server at rest")
         with open_tunnel(client, server, "echo") as sock:
             sock.sendall(b"recovered")
             sock.shutdown(socket.SHUT_WR)
@@ -1408,7 +1412,7 @@ def test_bare_connects_cost_a_secret_server_no_key_work():
         pid = node.process.pid
 
         def at_rest():
-            return thread_count(pid) == 1
+            return thread_count(pid) == AT_REST
 
         wait_until(at_rest, 30, "the server at rest before")
         before = cpu_seconds(pid)

@@ -33,7 +33,7 @@ from contextlib import ExitStack
 import pytest
 import stress
 from peers import Obfs4proxy, pinned_options
-from procwatch import close_wait, cpu_seconds, fd_count, needs_proc, thread_count
+from procwatch import AT_REST, close_wait, cpu_seconds, fd_count, needs_proc, thread_count
 from support import EchoServer, Program, fmt, recv_exact, require_obfs4proxy, socks5_connect
 
 import listener
@@ -58,13 +58,13 @@ def label(node):
 
 
 class Rest:
-    """A process at rest (only its main thread; its descriptors), to come back to."""
+    """A process at rest (only its main thread and poller; its descriptors), to come back to."""
 
     LINGERS = max(relay.Pump.LINGER, listener.Listener.SPARE_SECONDS, pool.LINGER)
 
     def __init__(self, node):
         self.node, self.pid = node, node.process.pid
-        self.wait(lambda: thread_count(self.pid) == 1, "its main thread alone")
+        self.wait(lambda: thread_count(self.pid) == AT_REST, "its main thread and poller alone")
         self.fds = fd_count(self.pid)
 
     def wait(self, condition, what):

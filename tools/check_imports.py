@@ -28,6 +28,10 @@ line per module, and checks six rules::
     6. the crypto routes import    cryptoroutes/ is a layer below the transports:
        nothing of ours outside     it knows no protocol, so any transport may
        cryptoroutes/               use it
+    7. the scheduler knows no      handshake_scheduler imports only outbound (for a
+       tunnel                      thread's own poll), process_setup only proxy (its
+                                   logger): turns, waits and process limits stay
+                                   apart from the listener that uses them
 
 Exit status 0 when all hold, 1 (with one line per violation on stderr) when
 one does not or a file does not parse.
@@ -64,6 +68,8 @@ LEAF_ALLOWED = {("obfs4", "obfs4_crypto"), ("obfs4", "obfs4_drbg"), ("obfs4", "c
                 # behind a socketpair), checked by its JA4 at start-up
                 ("webtunnel", "addresses"), ("webtunnel", "browser_tls"), ("browser_tls", "tlswire")}
 STDLIB_ONLY = ("relay", "webtunnel")
+# What the listener's helpers may import of ours (rule 6): none of them knows tunnels.
+ONLY = {"handshake_scheduler": {"outbound"}, "process_setup": {"proxy"}}
 STDLIB = getattr(sys, "stdlib_module_names", None)
 
 
@@ -192,6 +198,8 @@ def violations(graph, outside=None, lazy=None):
                 if not is_crypto(dep):
                     problems.append("%s is a crypto route but imports %s (the crypto routes "
                                     "import nothing of ours outside %s/)" % (module, dep, CRYPTO))
+        for dep in sorted(set(deps) - ONLY.get(module, set(deps))):
+            problems.append("%s must not know tunnels, but imports %s" % (module, dep))
     return problems
 
 
