@@ -109,7 +109,7 @@ setup     --connections (default 1,000) sequential connections, each: TCP connec
           default 50) because each costs both ends 4 x 100,000 SHA-256.
           webtunnel setups also play "Tor's first turns" in each round, as many
           connections again: each writes Tor's first writes through webtunnel
-          (measure.TOR_TURNS: 517, 80, 33, 1050, ... bytes) one at a time and waits for
+          (traffic.TOR_TURNS: 517, 80, 33, 1050, ... bytes) one at a time and waits for
           the echo of each, so that record shaping (ours-webtunnel-unshaped has it
           off) shows its cost: p50/p99 ms of the whole connection and the tunnel
           processes' CPU. Its bytes on the wire follow from the cuts alone (22 per

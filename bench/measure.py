@@ -15,6 +15,7 @@ from traffic import (
     SOCKET_TIMEOUT,
     TAG_DOWN,
     TAG_UP,
+    TOR_TURNS,
     echo_payload,
     recv_exact,
     recv_hashed,
@@ -144,10 +145,6 @@ def one_echo(route):
             raise ConnectionError("the echo came back different")
 
 
-# Tor's first writes through webtunnel (measured), played as turns against the echo: the
-# client's ClientHello record, CCS + Finished, 33, two writes of two cells, a cell, three
-# cells, then a short one. Record shaping cuts every one of them (its first 16 KiB).
-TOR_TURNS = (517, 80, 33, 1050, 1050, 536, 1564, 200)
 
 
 def one_flight(route):

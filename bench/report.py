@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from children import BENCH, test_helpers
-from traffic import MiB
+from traffic import TOR_TURNS, MiB
 
 # --- Report ----------------------------------------------------------------------------------------
 
@@ -208,15 +208,13 @@ def webtunnel_table(results, options):
 def shaping_bytes(seeds=200):
     """What record shaping adds on the wire per tunnel and direction: 22 bytes (a header,
     the inner type and the tag) per record beyond one per write, on Tor's first turns
-    (measure.TOR_TURNS) and over the whole window (the rest in 4 KiB writes), averaged over
+    (traffic.TOR_TURNS) and over the whole window (the rest in 4 KiB writes), averaged over
     ``seeds`` connections' cuts. Exact for those writes: the records follow from the cuts
     alone (the live tests read them off captures)."""
     root = os.path.dirname(os.path.dirname(BENCH))
     if root not in sys.path:
         sys.path.insert(0, root)
     import random
-
-    from measure import TOR_TURNS
 
     import webtunnel
     turns = rest = 0

@@ -11,6 +11,11 @@ import sys
 import threading
 
 MiB = 1 << 20
+
+# Tor's first writes through webtunnel (measured), played as turns against the echo: the
+# client's ClientHello record, CCS + Finished, 33, two writes of two cells, a cell, three
+# cells, then a short one. Record shaping cuts every one of them (its first 16 KiB).
+TOR_TURNS = (517, 80, 33, 1050, 1050, 536, 1564, 200)
 BLOCK = MiB                                 # size of the repeated random block
 HEADER = struct.Struct("!4sQ4x")            # what the generator asks the sink: mode, size
 TAG_UP, TAG_DOWN, TAG_ECHO = 1, 2, 3        # stream tags written into every chunk
