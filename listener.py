@@ -170,7 +170,8 @@ class Listener:
         self._stopping = None         # None, "graceful" or "now"
         self.ready = threading.Event()
         self._complaints = {}         # (kind, text) -> [when last said, how many not said since]
-        self._jobs = queue.SimpleQueue()  # connections for the waiting threads
+        # connections for the waiting threads (SimpleQueue is 3.7's; 3.6 takes a Queue)
+        self._jobs = getattr(queue, "SimpleQueue", queue.Queue)()
         self._waiting = 0             # threads waiting for a job and not yet given one
         self._inherits_tuning = None  # do accepted sockets get the listener's options? (None: not seen yet)
 
@@ -787,7 +788,7 @@ def install_signal_handlers(listener):
 
     def exit_soon():
         gc.disable()
-        gc.freeze()
+        getattr(gc, "freeze", lambda: None)()   # 3.6 has no freeze
 
     def on_int(signum, frame):
         listener.stop(graceful=True)
@@ -826,7 +827,7 @@ def prepare_for_serving(max_connections):
     if sys.getswitchinterval() > SWITCH_INTERVAL:
         sys.setswitchinterval(SWITCH_INTERVAL)
     gc.collect()
-    gc.freeze()
+    getattr(gc, "freeze", lambda: None)()   # 3.6 has no freeze: it scans them
 
 
 def raise_descriptor_limit(max_connections):

@@ -32,7 +32,6 @@ connections finish (a second SIGINT stops at once); with
 death of the parent process (Tor), checked about once a second.
 """
 
-import dataclasses
 import ipaddress
 import logging
 import os
@@ -256,7 +255,7 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
     try:
         state_dir = make_state_dir(env)
         start_logging(log_file or state_dir / LOG_FILE_NAME, severity, tor)
-        base = dataclasses.replace(base, sources=outbound_sources(env))
+        base = base.replace(sources=outbound_sources(env))
         clients = client_env(env, base)
         servers = server_env(env)
         try:
@@ -438,8 +437,8 @@ def start_clients(server, tor, base, cli_options, names, proxy_uri, tor_asked_fo
     for name in names:
         # The command line's transport options are the defaults; a Bridge
         # line's arguments (SOCKS arguments, per connection) override them.
-        settings = dataclasses.replace(base, transport=name, options=cli_options.get(name, {}),
-                                       outgoing_proxy=proxy_uri)
+        settings = base.replace(transport=name, options=cli_options.get(name, {}),
+                                outgoing_proxy=proxy_uri)
         try:
             bound = server.listen(("127.0.0.1", 0), proxy.handle_socks_client, settings)
         except OSError as exc:
@@ -472,8 +471,8 @@ def start_servers(server, tor, base, cli_options, state_dir, names, bindaddrs, o
         if bad:
             tor.say("SMETHOD-ERROR", name, "%s must be non-empty, printable, no spaces" % bad[0])
             continue
-        settings = dataclasses.replace(base, transport=name, config=config, dest=destination,
-                                       ext_cookie_file=cookie_file)
+        settings = base.replace(transport=name, config=config, dest=destination,
+                                ext_cookie_file=cookie_file)
         try:
             bound = server.listen(bindaddrs[name], proxy.handle_server, settings)
         except OSError as exc:

@@ -156,9 +156,7 @@ import os
 import re
 import ssl
 import time
-from dataclasses import dataclass, replace
 from email.utils import formatdate
-from typing import Callable, Optional, Tuple
 from urllib.parse import quote, unquote, urlsplit
 
 import addresses
@@ -377,34 +375,46 @@ def hello_route():
         ssl.OPENSSL_VERSION, browser_tls.ja4_of(default_client_context()), why)
 
 
-@dataclass
 class ClientConfig:
     """What one client connection (one route) needs. ``routes()`` gives copies whose
-    ``servername`` is each candidate in turn."""
+    ``servername`` is each candidate in turn.
 
-    url: str
-    tls: bool
-    address: Tuple[str, int]          # where to dial: url='s host and port, or addr=
-    target: str                       # the request-target: "/" + escaped path
-    host: str                         # the Host header
-    servernames: Tuple[str, ...]      # SNI candidates, in order (https only)
-    servername: Optional[str]         # this route's SNI
-    # None for http; an ssl.SSLContext, or a browser_tls.BrowserContext (the same
-    # wrap_bio) on the browser route (client_context); tests may replace it
-    context: object
-    notes: Tuple[str, ...] = ()
+    ``address``      where to dial: (host, port) of url=, or addr=
+    ``target``       the request-target: "/" + escaped path
+    ``host``         the Host header
+    ``servernames``  SNI candidates, in order (https only); ``servername`` this route's
+    ``context``      None for http; an ssl.SSLContext, or a browser_tls.BrowserContext
+                     (the same wrap_bio) on the browser route (client_context); tests
+                     may replace it
+    """
+
+    def __init__(self, url, tls, address, target, host, servernames, servername, context, notes=()):
+        self.url, self.tls, self.address, self.target, self.host = url, tls, address, target, host
+        self.servernames, self.servername, self.context, self.notes = servernames, servername, context, notes
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (keyword arguments of the constructor) applied."""
+        return type(self)(**dict(vars(self), **changes))
+
+    def __eq__(self, other):
+        return type(other) is type(self) and vars(other) == vars(self)
 
 
-@dataclass
 class ServerConfig:
-    """One listener's: the URL it serves and, when it terminates TLS, its context.
-    ``clock`` (seconds since the epoch) dates the error pages, as a web server does."""
+    """One listener's: the URL it serves, the ``target`` path a client must ask for
+    and, when it terminates TLS, its ssl ``context`` (None: plain HTTP behind a reverse
+    proxy). ``clock`` (seconds since the epoch) dates the error pages, as a web server
+    does; None: pages carry no Date."""
 
-    url: str
-    target: str                       # the path a client must ask for
-    context: Optional[ssl.SSLContext]   # None: plain HTTP behind a reverse proxy
-    notes: Tuple[str, ...] = ()
-    clock: Optional[Callable[[], float]] = None     # None: pages carry no Date
+    def __init__(self, url, target, context, notes=(), clock=None):
+        self.url, self.target, self.context, self.notes, self.clock = url, target, context, notes, clock
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (keyword arguments of the constructor) applied."""
+        return type(self)(**dict(vars(self), **changes))
+
+    def __eq__(self, other):
+        return type(other) is type(self) and vars(other) == vars(self)
 
 
 def client_config(options):
@@ -679,7 +689,7 @@ class WebTunnel:
         line's synthetic address) is never dialled."""
         if not config.tls:
             return [(config.address, config)]
-        return [(config.address, replace(config, servername=name)) for name in config.servernames]
+        return [(config.address, config.replace(servername=name)) for name in config.servernames]
 
     @classmethod
     def public_address(cls, config, bound):
@@ -769,9 +779,11 @@ class WebTunnel:
             return True
         except ssl.SSLWantReadError:
             return False
-        except ssl.SSLCertVerificationError as exc:
+        except ssl.CertificateError as exc:   # 3.7+: SSLCertVerificationError; 3.6: a name mismatch
             raise self._fail(self._certificate_words(exc), self._outgoing.read())
         except ssl.SSLError as exc:
+            if exc.reason == "CERTIFICATE_VERIFY_FAILED":   # Python 3.6 says a bad chain so
+                raise self._fail(self._certificate_words(exc), self._outgoing.read())
             if not self.initiator and exc.reason == "HTTP_REQUEST":
                 # Plain HTTP to our TLS port: a web server answers that in plain HTTP.
                 raise self._fail("the client spoke plain HTTP to our TLS port: answered 400",

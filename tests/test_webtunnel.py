@@ -19,7 +19,6 @@ import socket
 import ssl
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -536,7 +535,7 @@ def test_plain_client_against_a_tls_server(ca):
 
 def plain_server(url=URL):
     config = WebTunnel.server_config({"url": url}, None)[0]
-    return WebTunnel(False, replace(config, clock=lambda: CLOCK))
+    return WebTunnel(False, config.replace(clock=lambda: CLOCK))
 
 
 def refused(request, split=whole):
@@ -612,7 +611,7 @@ def test_random_bytes_never_get_a_101(junk):
 
 def test_tls_server_404_is_encrypted_and_ends_with_close_notify(ca):
     _, config = tls_configs(ca)
-    server = WebTunnel(False, replace(config, clock=lambda: CLOCK))
+    server = WebTunnel(False, config.replace(clock=lambda: CLOCK))
     raw = raw_client(ca)
     to_server, seen = raw.hello(), bytearray()
     with pytest.raises(webtunnel.ProtocolError) as caught:
