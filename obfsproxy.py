@@ -11,6 +11,7 @@ Usage:
   obfsproxy.py --managed [options]
   obfsproxy.py unmask [options] <capture>...
   obfsproxy.py detect [options] <capture>...
+  obfsproxy.py guide [options]
   obfsproxy.py [COMMAND] (-h | --help)
   obfsproxy.py --version
 
@@ -28,6 +29,9 @@ Commands:
            the files of --record-dir) and show what an eavesdropper gets.
   detect   Say which TCP streams in a capture look like obfs2, fully encrypted
            traffic or TLS, and which test decided.
+  guide    Print the protocol guide (docs/PROTOCOL.md: how each transport works,
+           with walks and examples to run), or the README with --readme. The
+           .pyz carries both.
 
 Transports and their options:
   --transport=NAME              TRANSPORT_NAMES (default obfs4).
@@ -62,6 +66,8 @@ Other options:
                                 (for teaching and debugging only).
   --full                        unmask: print whole streams, not their first 512 bytes.
   --output-dir=DIR              unmask: also write the decrypted streams to DIR.
+  --readme                      guide: the README instead of the protocol guide.
+  --write=FILE                  guide: write it to FILE instead of printing it.
   --log-file=PATH               Write the log to PATH (owner-only) instead of stderr.
   --log-min-severity=LEVEL      error, warning (or warn), notice, info or debug
                                 (default notice).
@@ -77,13 +83,20 @@ Examples:
   curl --socks5 127.0.0.1:1050 --proxy-user "cert=...;iat-mode=0:" ...
 """
 
-import dataclasses
-import math
-import os
-import re
-import signal
+from __future__ import print_function  # lets Python 2 parse this file, to read the next lines
+
 import sys
-from pathlib import Path
+
+if sys.version_info < (3, 6):
+    sys.exit("obfsproxy.py needs Python 3.6 or newer; this is Python %s (%s)"
+             % (sys.version.split()[0], sys.executable))
+
+import math  # noqa: E402  (the version check comes first)
+import os  # noqa: E402
+import re  # noqa: E402
+import signal  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 # Our modules sit beside this file; Python 3.11's `-I` (which implies -P) leaves that
 # folder off sys.path, and `python3 -I -S obfsproxy.py` must still find them.
@@ -93,7 +106,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in map(os.path.abspath, sys.pa
 import accel  # noqa: E402  (found through the path above)
 
 __version__ = "0.3.0"
-COMMANDS = ("client", "server", "demo", "managed", "unmask", "detect")
+COMMANDS = ("client", "server", "demo", "managed", "unmask", "detect", "guide")
 # Answered by main() before docopt is needed: they work where nothing is installed.
 HELP_WORDS = ("-h", "--help")
 VERSION_WORD = "--version"
@@ -142,7 +155,12 @@ try:
     # docopt-ng, or classic docopt 0.6.2 (Debian's python3-docopt): both parse USAGE
     # alike, and what differs between them (--help, --version, their usage errors) is
     # done here, not by docopt.
-    from docopt import DocoptExit, docopt
+    with warnings.catch_warnings():
+        # Classic docopt's regular expressions are plain strings with backslashes, which
+        # Python 3.12 and newer warn about as they compile it (a .pyz built by another
+        # Python compiles it at each start): the warning is the library's, not the user's.
+        warnings.simplefilter("ignore", SyntaxWarning)
+        from docopt import DocoptExit, docopt
 except ImportError as _missing:
     if getattr(_missing, "name", None) != "docopt":
         raise  # an ImportError inside docopt itself is not a missing docopt
@@ -192,6 +210,8 @@ MODE_OPTIONS = {
     "--record-dir": SERVING + ("demo",),
     "--full": ("unmask",),
     "--output-dir": ("unmask",),
+    "--readme": ("guide",),
+    "--write": ("guide",),
     "--log-file": SERVING,
     "--log-min-severity": SERVING,
     "--no-safe-logging": SERVING,
@@ -413,10 +433,10 @@ def run_external(args, mode):
                                                  else None)
         except (ValueError, OSError) as exc:
             raise UsageError("%s server: %s" % (name, exc))
-        settings = dataclasses.replace(settings, config=config, dest=dest)
+        settings = settings.replace(config=config, dest=dest)
         handler = proxy.handle_server
     else:
-        settings = dataclasses.replace(settings, options=options, dest=dest)
+        settings = settings.replace(options=options, dest=dest)
         try:   # the defaults now, not at the first connection
             transports.check_client_options(cls, options, fixed=dest is not None)
         except ValueError as exc:
@@ -431,8 +451,8 @@ def run_external(args, mode):
     proxy.log_routes([name])
     if args["--record-dir"]:
         log.warning("--record-dir: saving the raw wire bytes of every connection in %s. "
-                    "This stores traffic (obfs2 can be decrypted from it with `obfsproxy.py "
-                    "unmask`): for teaching and debugging only.", args["--record-dir"])
+                    "This stores traffic (obfs2 can be decrypted from it with `%s "
+                    "unmask`): for teaching and debugging only.", args["--record-dir"], proxy.program_name())
     server = listener.Listener(max_connections, pool_size=pool_size)
     try:
         bound = server.listen(where, handler, settings)
@@ -457,6 +477,42 @@ def run_external(args, mode):
     listener.install_signal_handlers(server)
     server.serve()
     log.log(proxy.NOTICE, "%s stopped", mode)
+    return 0
+
+
+def as_started(text):
+    """``text`` (help, a hint) with the commands it shows written as the user started
+    this program (proxy.program_name: ``python3 -I -S obfsproxy.pyz``, ``./obfsproxy.pyz``...)."""
+    program = proxy.program_name()
+    text = re.sub(r"^( *)(?:python3 )?obfsproxy\.py(?= )", lambda m: m.group(1) + program, text, flags=re.M)
+    return text.replace("`obfsproxy.py ", "`%s " % program)
+
+
+GUIDES = {False: "docs/PROTOCOL.md", True: "README.md"}
+
+
+def guide(args):
+    """``guide``: print the protocol guide (or the README), or write it to --write. Read
+    beside this file in a checkout, and from inside the archive in a .pyz (which carries
+    both: tools/make_pyz.py)."""
+    name = GUIDES[bool(args["--readme"])]
+    try:
+        text = __loader__.get_data(os.path.join(proxy.HERE, *name.split("/"))).decode("utf-8")
+    except OSError:
+        print("obfsproxy.py guide: %s is not here (a copy of the runtime alone): it is in the "
+              "checkout, and inside obfsproxy.pyz" % name, file=sys.stderr)
+        return 1
+    if args["--write"] is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args["--write"], "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        print("obfsproxy.py guide: --write %s: %s" % (os.path.abspath(args["--write"]), exc.strerror or exc),
+              file=sys.stderr)
+        return 1
+    print("wrote %s (%d bytes) to %s" % (name, len(text.encode("utf-8")), args["--write"]))
     return 0
 
 
@@ -518,7 +574,7 @@ def main(argv=None):
     # --help and --version anywhere, as docopt would (help first): here, so that they
     # need no docopt and say the same whichever docopt is installed.
     if any(word in HELP_WORDS for word in argv):
-        print(command_help(argv[0]) if argv[0] in COMMANDS else USAGE.strip("\n") + "\n", end="")
+        print(as_started(command_help(argv[0]) if argv[0] in COMMANDS else USAGE.strip("\n") + "\n"), end="")
         return 0
     if VERSION_WORD in argv:
         print("obfsproxy.py " + __version__)
@@ -526,8 +582,8 @@ def main(argv=None):
     try:
         args = docopt(USAGE, argv=argv)
     except DocoptExit:
-        print("obfsproxy.py: %s. Run `obfsproxy.py --help` for the usage." % explain_usage(argv),
-              file=sys.stderr)
+        print("obfsproxy.py: %s. Run `%s --help` for the usage."
+              % (explain_usage(argv), proxy.program_name()), file=sys.stderr)
         return 2
     mode = mode_of(args)
     if mode not in ("unmask", "detect") and hasattr(signal, "SIGPIPE"):
@@ -573,6 +629,8 @@ def dispatch(args, mode):
         transport_class("--transport", name)
         settings, _ = base_settings(args, name)
         return demo.main(name, transport_options(args, name), settings, args["--record-dir"])
+    if mode == "guide":
+        return guide(args)
     if mode == "managed":
         import managed
         settings, max_connections = base_settings(args, args["--transport"] or DEFAULT_TRANSPORT)

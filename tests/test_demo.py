@@ -835,9 +835,10 @@ def test_the_commands_a_demo_prints_run_as_printed(tmp_path, transport):
     assert status == 0, err + out
     commands = PRINTED_COMMAND.findall(out)
     assert "python3 obfsproxy.py unmask %s" % (tmp_path / "rec") in commands
+    assert "python3 obfsproxy.py guide" in commands          # "More: the guide, ..."
     if transport == "obfs2":
         assert "python3 obfsproxy.py demo --transport=obfs2 --shared-secret=SECRET" in commands
-        assert len(commands) == 4
+        assert len(commands) == 5
     for command in commands:
         done = subprocess.run(as_run_here(command), stdin=subprocess.DEVNULL, capture_output=True,
                               text=True, cwd=str(ROOT), timeout=120)
