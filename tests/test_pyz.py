@@ -297,9 +297,10 @@ MATRIX = [pytest.param(minor, id="3.%d" % minor, marks=() if minor in (6, 13) el
 @pytest.fixture(scope="module")
 def any_python_pyz(tmp_path_factory):
     """The file built for every Python from 3.6 on (classic docopt inside), or, where that
-    docopt is missing, the usual build (3.7 and newer)."""
+    docopt is missing, the usual build (3.7 and newer); with bytecode for each of them."""
     out = tmp_path_factory.mktemp("pyz36") / "obfsproxy.pyz"
     extra = ["--docopt=%s" % CLASSIC_DOCOPT] if CLASSIC_DOCOPT.is_file() else []
+    extra += ["--bytecode-for=%s" % python for python in PYTHONS.values()]
     done = subprocess.run([sys.executable, str(MAKE_PYZ), *extra, str(out)], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
@@ -355,6 +356,23 @@ def test_the_file_on_python_3_x(any_python_pyz, elsewhere, tmp_path, minor):
                 theirs.stop()
     version = subprocess.run([bare[0], "--version"], capture_output=True, text=True, timeout=30)
     print("\nthe file ran on %s" % (version.stdout or version.stderr).strip())
+
+
+@pytest.mark.parametrize("minor", [6, 13])
+def test_another_python_imports_the_bytecode_built_for_it(any_python_pyz, elsewhere, minor):
+    """--bytecode-for: that Python imports the modules from bytecode/<its tag>/ (what
+    ``-v`` says of obfs4), and compiles none of them."""
+    pyz, floor = any_python_pyz
+    python = python_for(minor, floor)
+    if Path(python).resolve() == Path(sys.executable).resolve():
+        pytest.skip("the Python that builds uses the archive's own .pyc files")
+    done = subprocess.run([python, "-v", "-I", "-S", str(pyz), "--version"], cwd=str(elsewhere),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"^import 'obfs4' # <__main__\.use_bytecode_for_this_python\.<locals>\.Loader ",
+                     done.stderr, re.M), done.stderr[-3000:]
+    zipped = set(re.findall(r"^import (\S+) # loaded from Zip", done.stderr, re.M))
+    assert zipped <= {"__main__"}, zipped            # runpy runs __main__.py itself
 
 
 def carry(socks, server, args, up, down, dest):
