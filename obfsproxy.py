@@ -283,6 +283,11 @@ def parse_bridge_line(text):
     place in the line, never what it holds: it may be a cert= or a secret url=."""
     if "<IP ADDRESS>" in text or "<IP" in text.split():
         raise UsageError("--bridge: replace the placeholder <IP ADDRESS> with the bridge's address")
+    if "<PORT>" in text:
+        raise UsageError("--bridge: replace the placeholder <PORT> with the bridge's port")
+    if any(quote in text for quote in "\u201c\u201d\u2018\u2019"):
+        raise UsageError("--bridge: the line holds curly quotes (\u201c \u201d), which a word processor or "
+                         "a web page made: put the line between straight quotes (\")")
     words = text.split()
     first = 1                            # the place of words[0] in the line as given
     if words and words[0].lower() == "bridge":
@@ -375,7 +380,8 @@ def base_settings(args, name):
         try:
             wrappers = (transports.RecordDir(args["--record-dir"]).wrap,)
         except OSError as exc:
-            raise UsageError("--record-dir %s: %s" % (args["--record-dir"], exc.strerror or exc))
+            raise UsageError("--record-dir %s: %s" % (os.path.abspath(args["--record-dir"]),
+                                                      exc.strerror or exc))
     settings = proxy.Settings(transport=name, handshake_timeout=timeout,
                               safe_logging=not args["--no-safe-logging"],
                               outgoing_proxy=args["--proxy"], ext_cookie_file=args["--ext-cookie-file"],

@@ -56,6 +56,7 @@ from support import (
 )
 
 import obfs2
+import obfs4_state
 import obfsproxy
 import transports
 from proxy import program_name
@@ -1315,3 +1316,35 @@ def test_guide_says_so_in_a_copy_without_the_docs(tmp_path):
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == ("obfsproxy.py guide: docs/PROTOCOL.md is not here (a copy of the runtime alone): "
                            "it is in the checkout, and inside obfsproxy.pyz\n")
+
+
+# --- Error texts that point where the problem is ------------------------------------------
+
+@pytest.mark.parametrize("line, says", [
+    ("obfs4 192.0.2.1:<PORT> cert=x iat-mode=0",
+     "--bridge: replace the placeholder <PORT> with the bridge's port"),
+    ("\u201cobfs4 192.0.2.1:443 cert=x iat-mode=0\u201d", "--bridge: the line holds curly quotes"),
+], ids=["port placeholder", "curly quotes"])
+def test_a_bridge_line_error_names_what_to_change(line, says):
+    done = run_cli("client", "--bridge=" + line, "127.0.0.1:0")
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_a_cert_error_speaks_in_characters_and_of_the_comma():
+    done = run_cli("client", "--cert=" + "A" * 60, "127.0.0.1:0")
+    assert done.returncode == 2, done.stderr
+    assert "cert= is 60 characters; a bridge line's is 70" in done.stderr, done.stderr
+    with pytest.raises(ValueError, match="cert= ends at a comma here: separate a bridge's arguments"):
+        obfs4_state.parse_cert("A" * 70 + ",iat-mode=0")      # obfs4proxy's SMETHOD ARGS form
+
+
+def test_a_state_or_record_error_names_the_file_by_its_absolute_path(tmp_path):
+    (tmp_path / "state" / "obfs4_state.json").mkdir(parents=True)    # unreadable as a file
+    (tmp_path / "rec").write_text("a file, not a folder")
+    server = subprocess.run([sys.executable, PROGRAM, "server", "--state-dir=state", "--dest=127.0.0.1:1",
+                             "127.0.0.1:0"], cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert server.returncode == 2, server.stderr
+    assert "obfs4 state %s: " % (tmp_path / "state" / "obfs4_state.json") in server.stderr, server.stderr
+    client = subprocess.run([sys.executable, PROGRAM, "client", "--record-dir=rec", "127.0.0.1:0"],
+                            cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert client.returncode == 2 and "--record-dir %s: " % (tmp_path / "rec") in client.stderr, client.stderr
