@@ -920,6 +920,20 @@ class DocShell:
                 job.wait()
 
 
+def test_the_docs_web_servers_listen_on_this_machine_only_and_serve_a_folder_of_their_own():
+    """Every web server the docs start: --bind 127.0.0.1 (http.server listens on every
+    interface by default) and a folder of its own (by default it serves the current one,
+    where the walks keep recordings and an obfs4 bridge's private key)."""
+    starts = []
+    for name in ("docs/PROTOCOL.md", "README.md"):
+        text = (ROOT / name).read_text(encoding="utf-8")
+        starts += [line for line in text.splitlines() if "http.server" in line and "python3" in line]
+    assert starts
+    for line in starts:
+        assert "--bind 127.0.0.1 " in line, line
+        assert "--directory site " in line or "cd site && " in line, line
+
+
 def test_the_docs_walks_run_as_printed(tmp_path):
     """docs/PROTOCOL.md chapter 11, "Try it yourself", then chapter 15.5's capture of
     obfs2, obfs4 and plain HTTP, which goes on from it: every line, in order. tcpdump
