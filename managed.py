@@ -271,6 +271,14 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
         tor.say("ENV-ERROR", str(exc))
         return 1
     log.log(NOTICE, "obfsproxy.py in managed mode (pt-spec %s), state in %s", version, state_dir)
+    started = sys.argv[0]
+    if started and not os.path.isabs(started) and os.path.abspath(started) in (
+            proxy.HERE, os.path.join(proxy.HERE, "obfsproxy.py")):
+        # Tor may start us from another folder (the service's is /): there a relative
+        # path fails before we can say a word, and Tor logs only "terminated with status
+        # code 1".
+        log.warning("started by a relative path (%s, from %s): write absolute paths in the torrc line, "
+                    "which works from any folder", started, os.getcwd())
     listener.prepare_for_serving(max_connections)
     proxy.log_routes(sorted(set((clients or [[]])[0]) | set((servers or [[]])[0])))
     if base.wrappers:

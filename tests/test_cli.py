@@ -1348,3 +1348,18 @@ def test_a_state_or_record_error_names_the_file_by_its_absolute_path(tmp_path):
     client = subprocess.run([sys.executable, PROGRAM, "client", "--record-dir=rec", "127.0.0.1:0"],
                             cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
     assert client.returncode == 2 and "--record-dir %s: " % (tmp_path / "rec") in client.stderr, client.stderr
+
+
+def test_managed_mode_started_by_a_relative_path_says_to_write_absolute_ones(tmp_path):
+    """Tor may start a transport from another folder, where a relative path in the torrc
+    line fails with only "terminated with status code 1": when it happens to work, say so."""
+    pt = ManagedPT(client_env(tmp_path, transports="obfs2"),
+                   command=[sys.executable, "obfsproxy.py", "managed"])
+    try:
+        logs = [line for line in pt.stdout.lines if line.startswith("LOG SEVERITY=warning ")]
+        assert any("started by a relative path (obfsproxy.py, from %s): write absolute paths in the torrc"
+                   % ROOT in line for line in logs), pt.stdout.lines
+    finally:
+        pt.close_stdin()
+        pt.wait()
+        pt.finish()
