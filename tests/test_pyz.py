@@ -417,3 +417,10 @@ def test_a_python_below_the_files_floor_says_so(pyz, elsewhere):
     assert done.returncode == 1 and re.fullmatch(
         r"obfsproxy\.pyz needs Python 3\.7 or newer \(its docopt-ng-[\d.]+ does\); this is Python "
         r"3\.6\.\d+ \(\S+\)\n", done.stderr), done.stderr
+
+
+def test_the_readme_gives_the_files_size(pyz):
+    """The size the README states (about N MB) is the size of the file this checkout builds."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    stated = float(re.search(r"about (\d+\.\d) MB in all", text).group(1))
+    assert abs(pyz.stat().st_size / 1e6 - stated) <= 0.1, (pyz.stat().st_size, stated)
