@@ -98,6 +98,22 @@ def test_the_build_refuses_a_python_without_docopt(tmp_path):
     assert done.returncode == 1 and not out.exists(), done
     line, = done.stderr.splitlines()
     assert line.startswith("make_pyz.py: this Python (") and "has no docopt: install docopt-ng" in line, line
+    # advice that works where PEP 668 refuses a bare pip install (Debian 12): a venv, or apt
+    assert "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt" in line, line
+    assert "apt-get install python3-docopt" in line and "python3 -m pip install" not in line, line
+
+
+def test_classic_docopt_makes_a_file_for_python_3_6_with_its_debian_licence(any_python_pyz):
+    """--docopt with Debian's python3-docopt: docopt.py inside, its package's copyright
+    file as its licence, and a floor of 3.6."""
+    pyz, floor = any_python_pyz
+    if not CLASSIC_DOCOPT.is_file():
+        pytest.skip("no %s (apt-get install python3-docopt)" % CLASSIC_DOCOPT)
+    names = zipfile.ZipFile(str(pyz)).namelist()
+    assert floor == 6 and "docopt.py" in names and "docopt/__init__.py" not in names
+    licence, = [name for name in names if name.startswith("LICENSES/python3-docopt-")]
+    assert licence.endswith("-copyright.txt")
+    assert b"Permission is hereby granted" in zipfile.ZipFile(str(pyz)).read(licence)
 
 
 # --- The archive run bare, from elsewhere -----------------------------------------------
