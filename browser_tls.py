@@ -466,7 +466,7 @@ class BrowserTLS:
             if "no alternative certificate subject name matches" in words:
                 words = "Hostname mismatch, certificate is not valid for '%s'." % self._servername
                 code = 62                         # X509_V_ERR_HOSTNAME_MISMATCH, as ssl says it
-            error = ssl.SSLCertVerificationError(words)
+            error = ssl.CertificateError(words)   # 3.7+: ssl.SSLCertVerificationError
             error.verify_message, error.reason = words, "CERTIFICATE_VERIFY_FAILED"
             error.verify_code = code
             return error

@@ -34,7 +34,6 @@ that fails (Tor closed its end of our stdout) ends only what goes to Tor
 (``Announcer.broken``): whatever is logged then, those still stop the process.
 """
 
-import dataclasses
 import errno
 import ipaddress
 import logging
@@ -290,7 +289,7 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
     try:
         state_dir = make_state_dir(env)
         start_logging(log_file or state_dir / LOG_FILE_NAME, severity, tor)
-        base = dataclasses.replace(base, sources=outbound_sources(env))
+        base = base.replace(sources=outbound_sources(env))
         clients = client_env(env, base)
         servers = server_env(env)
         try:
@@ -306,6 +305,14 @@ def run(base, cli_options, max_connections, log_file, severity, env, tor):
         tor.say("ENV-ERROR", str(exc))
         return 1
     log.log(NOTICE, "obfsproxy.py in managed mode (pt-spec %s), state in %s", version, state_dir)
+    started = sys.argv[0]
+    if started and not os.path.isabs(started) and os.path.abspath(started) in (
+            proxy.HERE, os.path.join(proxy.HERE, "obfsproxy.py")):
+        # Tor may start us from another folder (the service's is /): there a relative
+        # path fails before we can say a word, and Tor logs only "terminated with status
+        # code 1".
+        log.warning("started by a relative path (%s, from %s): write absolute paths in the torrc line, "
+                    "which works from any folder", started, os.getcwd())
     process_setup.prepare_for_serving(max_connections)
     proxy.log_routes(sorted(set((clients or [[]])[0]) | set((servers or [[]])[0])))
     if base.wrappers:
@@ -472,8 +479,8 @@ def start_clients(server, tor, base, cli_options, names, proxy_uri, tor_asked_fo
     for name in names:
         # The command line's transport options are the defaults; a Bridge
         # line's arguments (SOCKS arguments, per connection) override them.
-        settings = dataclasses.replace(base, transport=name, options=cli_options.get(name, {}),
-                                       outgoing_proxy=proxy_uri)
+        settings = base.replace(transport=name, options=cli_options.get(name, {}),
+                                outgoing_proxy=proxy_uri)
         try:
             bound = server.listen(("127.0.0.1", 0), proxy.handle_socks_client, settings)
         except OSError as exc:
@@ -506,8 +513,8 @@ def start_servers(server, tor, base, cli_options, state_dir, names, bindaddrs, o
         if bad:
             tor.say("SMETHOD-ERROR", name, "%s must be non-empty, printable, no spaces" % bad[0])
             continue
-        settings = dataclasses.replace(base, transport=name, config=config, dest=destination,
-                                       ext_cookie_file=cookie_file)
+        settings = base.replace(transport=name, config=config, dest=destination,
+                                ext_cookie_file=cookie_file)
         try:
             bound = server.listen(bindaddrs[name], proxy.handle_server, settings)
         except OSError as exc:

@@ -142,8 +142,6 @@ import hmac
 import os
 import secrets
 from collections import namedtuple
-from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
 
 from cryptoroutes.aes_ctr import AES, aes_ctr_routes
 from cryptoroutes.chooser import ModexpInteger as Integer  # libcrypto's, pycryptodome's, or None: pow()
@@ -306,10 +304,9 @@ def random_padlen():
     return secrets.randbelow(MAX_PADLEN + 1)
 
 
-@dataclass(frozen=True)
 class Obfs3Config:
-    """What every connection of one listener (or one client) shares. Immutable,
-    so many threads may use one. The defaults are the real ones; tests and the
+    """What every connection of one listener (or one client) shares. Never changed
+    in place, so many threads may use one. The defaults are the real ones; tests and the
     core inject their own:
 
     ``randbytes(n)``  padding bytes, and the raw UniformDH bytes when
@@ -318,12 +315,17 @@ class Obfs3Config:
     ``keypairs()``    -> (x, 192-byte public value), for tests; None:
                       ``generate_keypair(randbytes)`` in ``start()``. A
                       connection's ``prepared`` keypair (pool.py) comes first.
+
+    and ``notes``, lines the core says once at NOTICE (none for obfs3). Make a
+    changed copy with ``replace``.
     """
 
-    randbytes: Callable[[int], bytes] = os.urandom
-    padlen: Callable[[], int] = random_padlen
-    keypairs: Optional[Callable[[], tuple]] = None
-    notes: Tuple[str, ...] = ()            # lines the core says once at NOTICE
+    def __init__(self, randbytes=os.urandom, padlen=random_padlen, keypairs=None, notes=()):
+        self.randbytes, self.padlen, self.keypairs, self.notes = randbytes, padlen, keypairs, notes
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (keyword arguments of the constructor) applied."""
+        return type(self)(**dict(vars(self), **changes))
 
 
 def _no_arguments(options):

@@ -38,6 +38,7 @@ NODE_ID_LENGTH = 20
 KEY_LENGTH = 32                               # X25519 keys: b, B (and x, X, y, Y)
 SEED_LENGTH = DRBG_SEED_LENGTH                # the drbg-seed: 24 bytes
 CERT_LENGTH = NODE_ID_LENGTH + KEY_LENGTH     # 52 bytes -> 70 base64 characters
+CERT_CHARACTERS = 70                           # base64 of the 52 bytes, its "==" dropped
 IAT_NONE, IAT_ENABLED, IAT_PARANOID = 0, 1, 2
 STATE_FILE = "obfs4_state.json"
 BRIDGE_FILE = "obfs4_bridgeline.txt"
@@ -84,7 +85,13 @@ def encode_cert(node_id, public_key):
 
 
 def parse_cert(cert):
-    """(NODEID, B) from a cert; ValueError unless it decodes to exactly 52 bytes."""
+    """(NODEID, B) from a cert; ValueError unless it decodes to exactly 52 bytes, in
+    the words of what the user sees: characters, and obfs4proxy's comma-separated form."""
+    if "," in cert:
+        raise ValueError("cert= ends at a comma here: separate a bridge's arguments with ';' "
+                         "(obfs4proxy's SMETHOD ARGS write cert=...,iat-mode=0)")
+    if len(cert) != CERT_CHARACTERS:
+        raise ValueError("cert= is %d characters; a bridge line's is %d" % (len(cert), CERT_CHARACTERS))
     try:
         raw = base64.b64decode(cert + "==", validate=True)
     except ValueError as error:          # binascii.Error, or a non-ASCII str
@@ -339,7 +346,8 @@ def load_or_create_state(state_dir, options, randbytes=os.urandom):
         _write_file(path, state_json(state))
         notes += loose_modes(state_dir)
     except OSError as error:
-        raise ValueError("obfs4 state directory %s: %s" % (state_dir, error.strerror or error))
+        raise ValueError("obfs4 state %s: %s" % (os.path.abspath(error.filename or str(state_dir)),
+                                            error.strerror or error))
     return identity, notes
 
 

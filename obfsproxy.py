@@ -11,6 +11,7 @@ Usage:
   obfsproxy.py --managed [options]
   obfsproxy.py unmask [options] <capture>...
   obfsproxy.py detect [options] <capture>...
+  obfsproxy.py guide [options]
   obfsproxy.py [COMMAND] (-h | --help)
   obfsproxy.py --version
 
@@ -28,6 +29,9 @@ Commands:
            the files of --record-dir) and show what an eavesdropper gets.
   detect   Say which TCP streams in a capture look like obfs2, fully encrypted
            traffic or TLS, and which test decided.
+  guide    Print the protocol guide (docs/PROTOCOL.md: how each transport works,
+           with walks and examples to run), or the README with --readme. The
+           .pyz carries both.
 
 Transports and their options:
   --transport=NAME              TRANSPORT_NAMES (default obfs4).
@@ -65,6 +69,8 @@ Other options:
   --output-dir=DIR              unmask: also write the decrypted streams to DIR.
   --html=FILE                   demo, unmask, detect: also draw what they show, on
                                 one HTML page any browser opens (it loads nothing).
+  --readme                      guide: the README instead of the protocol guide.
+  --write=FILE                  guide: write it to FILE instead of printing it.
   --log-file=PATH               Write the log to PATH (owner-only) instead of stderr.
   --log-min-severity=LEVEL      error, warning (or warn), notice, info or debug
                                 (default notice).
@@ -80,13 +86,20 @@ Examples:
   curl --socks5 127.0.0.1:1050 --proxy-user "cert=...;iat-mode=0:" ...
 """
 
-import dataclasses
-import math
-import os
-import re
-import signal
+from __future__ import print_function  # lets Python 2 parse this file, to read the next lines
+
 import sys
-from pathlib import Path
+
+if sys.version_info < (3, 6):
+    sys.exit("obfsproxy.py needs Python 3.6 or newer; this is Python %s (%s)"
+             % (sys.version.split()[0], sys.executable))
+
+import math  # noqa: E402  (the version check comes first)
+import os  # noqa: E402
+import re  # noqa: E402
+import signal  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 # Our modules sit beside this file; Python 3.11's `-I` (which implies -P) leaves that
 # folder off sys.path, and `python3 -I -S obfsproxy.py` must still find them.
@@ -96,7 +109,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in map(os.path.abspath, sys.pa
 from cryptoroutes import chooser  # noqa: E402  (found through the path above)
 
 __version__ = "0.3.0"
-COMMANDS = ("client", "server", "demo", "managed", "unmask", "detect")
+COMMANDS = ("client", "server", "demo", "managed", "unmask", "detect", "guide")
 # Answered by main() before docopt is needed: they work where nothing is installed.
 HELP_WORDS = ("-h", "--help")
 VERSION_WORD = "--version"
@@ -145,7 +158,12 @@ try:
     # docopt-ng, or classic docopt 0.6.2 (Debian's python3-docopt): both parse USAGE
     # alike, and what differs between them (--help, --version, their usage errors) is
     # done here, not by docopt.
-    from docopt import DocoptExit, docopt
+    with warnings.catch_warnings():
+        # Classic docopt's regular expressions are plain strings with backslashes, which
+        # Python 3.12 and newer warn about as they compile it (a .pyz built by another
+        # Python compiles it at each start): the warning is the library's, not the user's.
+        warnings.simplefilter("ignore", SyntaxWarning)
+        from docopt import DocoptExit, docopt
 except ImportError as _missing:
     if getattr(_missing, "name", None) != "docopt":
         raise  # an ImportError inside docopt itself is not a missing docopt
@@ -197,6 +215,8 @@ MODE_OPTIONS = {
     "--full": ("unmask",),
     "--output-dir": ("unmask",),
     "--html": ("demo", "unmask", "detect"),
+    "--readme": ("guide",),
+    "--write": ("guide",),
     "--log-file": SERVING,
     "--log-min-severity": SERVING,
     "--no-safe-logging": SERVING,
@@ -268,6 +288,11 @@ def parse_bridge_line(text):
     place in the line, never what it holds: it may be a cert= or a secret url=."""
     if "<IP ADDRESS>" in text or "<IP" in text.split():
         raise UsageError("--bridge: replace the placeholder <IP ADDRESS> with the bridge's address")
+    if "<PORT>" in text:
+        raise UsageError("--bridge: replace the placeholder <PORT> with the bridge's port")
+    if any(quote in text for quote in "\u201c\u201d\u2018\u2019"):
+        raise UsageError("--bridge: the line holds curly quotes (\u201c \u201d), which a word processor or "
+                         "a web page made: put the line between straight quotes (\")")
     words = text.split()
     first = 1                            # the place of words[0] in the line as given
     if words and words[0].lower() == "bridge":
@@ -360,7 +385,8 @@ def base_settings(args, name):
         try:
             wrappers = (transports.RecordDir(args["--record-dir"]).wrap,)
         except OSError as exc:
-            raise UsageError("--record-dir %s: %s" % (args["--record-dir"], exc.strerror or exc))
+            raise UsageError("--record-dir %s: %s" % (os.path.abspath(args["--record-dir"]),
+                                                      exc.strerror or exc))
     settings = proxy.Settings(transport=name, handshake_timeout=timeout,
                               safe_logging=not args["--no-safe-logging"],
                               outgoing_proxy=args["--proxy"], ext_cookie_file=args["--ext-cookie-file"],
@@ -418,10 +444,10 @@ def run_external(args, mode):
                                                  else None)
         except (ValueError, OSError) as exc:
             raise UsageError("%s server: %s" % (name, exc))
-        settings = dataclasses.replace(settings, config=config, dest=dest)
+        settings = settings.replace(config=config, dest=dest)
         handler = proxy.handle_server
     else:
-        settings = dataclasses.replace(settings, options=options, dest=dest)
+        settings = settings.replace(options=options, dest=dest)
         try:   # the defaults now, not at the first connection
             transports.check_client_options(cls, options, fixed=dest is not None)
         except ValueError as exc:
@@ -436,8 +462,8 @@ def run_external(args, mode):
     proxy.log_routes([name])
     if args["--record-dir"]:
         log.warning("--record-dir: saving the raw wire bytes of every connection in %s. "
-                    "This stores traffic (obfs2 can be decrypted from it with `obfsproxy.py "
-                    "unmask`): for teaching and debugging only.", args["--record-dir"])
+                    "This stores traffic (obfs2 can be decrypted from it with `%s "
+                    "unmask`): for teaching and debugging only.", args["--record-dir"], proxy.program_name())
     server = listener.Listener(max_connections, pool_size=pool_size)
     try:
         bound = server.listen(where, handler, settings)
@@ -462,6 +488,42 @@ def run_external(args, mode):
     process_setup.install_signal_handlers(server)
     server.serve()
     log.log(proxy.NOTICE, "%s stopped", mode)
+    return 0
+
+
+def as_started(text):
+    """``text`` (help, a hint) with the commands it shows written as the user started
+    this program (proxy.program_name: ``python3 -I -S obfsproxy.pyz``, ``./obfsproxy.pyz``...)."""
+    program = proxy.program_name()
+    text = re.sub(r"^( *)(?:python3 )?obfsproxy\.py(?= )", lambda m: m.group(1) + program, text, flags=re.M)
+    return text.replace("`obfsproxy.py ", "`%s " % program)
+
+
+GUIDES = {False: "docs/PROTOCOL.md", True: "README.md"}
+
+
+def guide(args):
+    """``guide``: print the protocol guide (or the README), or write it to --write. Read
+    beside this file in a checkout, and from inside the archive in a .pyz (which carries
+    both: tools/make_pyz.py)."""
+    name = GUIDES[bool(args["--readme"])]
+    try:
+        text = __loader__.get_data(os.path.join(proxy.HERE, *name.split("/"))).decode("utf-8")
+    except OSError:
+        print("obfsproxy.py guide: %s is not here (a copy of the runtime alone): it is in the "
+              "checkout, and inside obfsproxy.pyz" % name, file=sys.stderr)
+        return 1
+    if args["--write"] is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args["--write"], "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        print("obfsproxy.py guide: --write %s: %s" % (os.path.abspath(args["--write"]), exc.strerror or exc),
+              file=sys.stderr)
+        return 1
+    print("wrote %s (%d bytes) to %s" % (name, len(text.encode("utf-8")), args["--write"]))
     return 0
 
 
@@ -523,7 +585,7 @@ def main(argv=None):
     # --help and --version anywhere, as docopt would (help first): here, so that they
     # need no docopt and say the same whichever docopt is installed.
     if any(word in HELP_WORDS for word in argv):
-        print(command_help(argv[0]) if argv[0] in COMMANDS else USAGE.strip("\n") + "\n", end="")
+        print(as_started(command_help(argv[0]) if argv[0] in COMMANDS else USAGE.strip("\n") + "\n"), end="")
         return 0
     if VERSION_WORD in argv:
         print("obfsproxy.py " + __version__)
@@ -531,8 +593,8 @@ def main(argv=None):
     try:
         args = docopt(USAGE, argv=argv)
     except DocoptExit:
-        print("obfsproxy.py: %s. Run `obfsproxy.py --help` for the usage." % explain_usage(argv),
-              file=sys.stderr)
+        print("obfsproxy.py: %s. Run `%s --help` for the usage."
+              % (explain_usage(argv), proxy.program_name()), file=sys.stderr)
         return 2
     mode = mode_of(args)
     if mode not in ("unmask", "detect") and hasattr(signal, "SIGPIPE"):
@@ -584,6 +646,8 @@ def dispatch(args, mode):
         settings, _ = base_settings(args, name)
         return demo.main(name, transport_options(args, name), settings, args["--record-dir"],
                          html=args["--html"])
+    if mode == "guide":
+        return guide(args)
     if mode == "managed":
         import managed
         settings, max_connections = base_settings(args, args["--transport"] or DEFAULT_TRANSPORT)

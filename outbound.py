@@ -69,7 +69,7 @@ class Deadline:
 
     def outside(self):
         """A context for a blocking call made without the turn (a no-op without one)."""
-        return self.turn.outside(self) if self.turn is not None else contextlib.nullcontext()
+        return self.turn.outside(self) if self.turn is not None else contextlib.ExitStack()
 
 
 # The steps below take a socket in either mode. The proxy's own sockets are

@@ -30,15 +30,15 @@ tells a prober more than obfs4proxy would). ``listener.Listener._end`` logs it
 and closes the sockets.
 """
 
-import dataclasses
 import errno
 import logging
 import os
+import re
+import shlex
 import socket
 import stat
 import sys
 import time
-from typing import Any, Optional
 
 import outbound
 import pool
@@ -56,27 +56,74 @@ SEVERITIES = {"error": logging.ERROR, "warning": logging.WARNING, "notice": NOTI
               "info": logging.INFO, "debug": logging.DEBUG}
 
 
+# --- How the user started us -------------------------------------------------------
+
+HERE = os.path.dirname(os.path.abspath(__file__))    # the checkout's root, or the .pyz itself
+
+
+def program_name(argv0=None, executable=None, flags=None, cwd=None):
+    """The command that starts this program again, as the user started it, for help,
+    hints and printed commands: ``python3 obfsproxy.py``, ``python3 -I -S obfsproxy.pyz``,
+    ``./obfsproxy.pyz``, ``python3.6 /opt/obfsproxy.pyz``. A path the user gave stays as
+    given (a path in the current folder is shortened to its name); ``./NAME`` started
+    without flags is repeated as is, since the file runs by its shebang. Run inside
+    another program (the tests, a script importing the demo), the checkout's
+    ``python3 obfsproxy.py``. The arguments default to ``sys.argv[0]``,
+    ``sys.executable``, ``sys.flags`` and the current folder (tests give their own)."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    executable = sys.executable if executable is None else executable
+    flags = sys.flags if flags is None else flags
+    started = os.path.abspath(os.path.join(cwd or os.getcwd(), argv0)) if argv0 else ""
+    if started not in (HERE, os.path.join(HERE, "obfsproxy.py")):
+        return "python3 obfsproxy.py"
+    path = argv0
+    if os.path.isabs(path) and os.path.dirname(path) == (cwd or os.getcwd()):
+        path = os.path.basename(path)
+    options = [flag for flag, on in (("-I", flags.isolated), ("-S", flags.no_site)) if on]
+    if path.startswith("./") and not options and os.access(started, os.X_OK):
+        return path
+    interpreter = os.path.basename(executable or "")
+    if not re.match(r"python3(\.\d+)?$", interpreter):
+        interpreter = "python3"
+    return " ".join([interpreter] + options + [shlex.quote(path)])
+
+
 # --- Settings ----------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
 class Settings:
     """A listener's configuration, from the command line or Tor.
 
-    Frozen: one Settings is shared by every connection of a listener; make a
-    changed copy with ``dataclasses.replace``. Configuration only: the
-    listener's running parts (key work, pools, pumps) are the Listener's.
+    Shared by every connection of a listener, so never changed in place: make a
+    changed copy with ``replace``. Configuration only: the listener's running
+    parts (key work, pools, pumps) are the Listener's.
+
+    ``transport``         a name in transports.TRANSPORTS
+    ``options``           client: defaults for each connection's arguments
+    ``config``            server: the transport's config, made once per listener
+    ``dest``              (host, port): a fixed client's bridge, or the server's destination
+    ``outgoing_proxy``    client: an outgoing proxy URI, or None
+    ``ext_cookie_file``   server: ``dest`` is an Extended ORPort
+    ``sources``           outgoing source address per family (Tor's bind addresses)
+    ``wrappers``          each wraps every new transport (--record-dir, the demo's tap)
     """
 
-    transport: str                     # a name in transports.TRANSPORTS
-    options: Any = dataclasses.field(default_factory=dict)  # client: defaults for each connection
-    config: Any = None                 # server: the transport's config, made once per listener
-    handshake_timeout: float = 30.0
-    dest: Optional[tuple] = None       # (host, port): fixed client's bridge, or server's destination
-    safe_logging: bool = True
-    outgoing_proxy: Optional[str] = None   # client: an outgoing proxy URI, or None
-    ext_cookie_file: Optional[str] = None  # server: dest is an Extended ORPort
-    sources: Optional[dict] = None     # outgoing source address per family (Tor's bind addresses)
-    wrappers: tuple = ()               # each wraps every new transport (--record-dir, the demo's tap)
+    def __init__(self, transport, options=None, config=None, handshake_timeout=30.0, dest=None,
+                 safe_logging=True, outgoing_proxy=None, ext_cookie_file=None, sources=None,
+                 wrappers=()):
+        self.transport = transport
+        self.options = {} if options is None else options
+        self.config = config
+        self.handshake_timeout = handshake_timeout
+        self.dest = dest
+        self.safe_logging = safe_logging
+        self.outgoing_proxy = outgoing_proxy
+        self.ext_cookie_file = ext_cookie_file
+        self.sources = sources
+        self.wrappers = tuple(wrappers)
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (keyword arguments of the constructor) applied."""
+        return type(self)(**dict(vars(self), **changes))
 
     @property
     def transport_class(self):

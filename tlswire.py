@@ -206,7 +206,7 @@ def _hash12(text):
 def _alpn_chars(first):
     if not first:
         return "00"
-    if all(chr(b).isascii() and chr(b).isalnum() for b in (first[0], first[-1])):
+    if all(b < 0x80 and chr(b).isalnum() for b in (first[0], first[-1])):
         return chr(first[0]) + chr(first[-1])
     return first.hex()[0] + first.hex()[-1]
 

@@ -175,9 +175,7 @@ import random as _random
 import re
 import ssl
 import time
-from dataclasses import dataclass, replace
 from email.utils import formatdate
-from typing import Callable, Optional, Tuple
 from urllib.parse import quote, unquote, urlsplit
 
 import addresses
@@ -421,37 +419,51 @@ def hello_route():
         ssl.OPENSSL_VERSION, browser_tls.ja4_of(default_client_context()), why)
 
 
-@dataclass
 class ClientConfig:
     """What one client connection (one route) needs. ``routes()`` gives copies whose
-    ``servername`` is each candidate in turn."""
+    ``servername`` is each candidate in turn.
 
-    url: str
-    tls: bool
-    address: Tuple[str, int]          # where to dial: url='s host and port, or addr=
-    target: str                       # the request-target: "/" + escaped path
-    host: str                         # the Host header
-    servernames: Tuple[str, ...]      # SNI candidates, in order (https only)
-    servername: Optional[str]         # this route's SNI
-    # None for http; an ssl.SSLContext, or a browser_tls.BrowserContext (the same
-    # wrap_bio) on the browser route (client_context); tests may replace it
-    context: object
-    notes: Tuple[str, ...] = ()
-    shaping: Optional[object] = None  # a Shaping: the first records cut (client_config: on)
+    ``address``      where to dial: (host, port) of url=, or addr=
+    ``target``       the request-target: "/" + escaped path
+    ``host``         the Host header
+    ``servernames``  SNI candidates, in order (https only); ``servername`` this route's
+    ``context``      None for http; an ssl.SSLContext, or a browser_tls.BrowserContext
+                     (the same wrap_bio) on the browser route (client_context); tests
+                     may replace it
+    ``shaping``      a Shaping: the first records cut (client_config: on), or None
+    """
+
+    def __init__(self, url, tls, address, target, host, servernames, servername, context, notes=(),
+                 shaping=None):
+        self.url, self.tls, self.address, self.target, self.host = url, tls, address, target, host
+        self.servernames, self.servername, self.context, self.notes = servernames, servername, context, notes
+        self.shaping = shaping
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (keyword arguments of the constructor) applied."""
+        return type(self)(**dict(vars(self), **changes))
+
+    def __eq__(self, other):
+        return type(other) is type(self) and vars(other) == vars(self)
 
 
-@dataclass
 class ServerConfig:
-    """One listener's: the URL it serves and, when it terminates TLS, its context.
-    ``clock`` (seconds since the epoch) dates the error pages, as a web server does."""
+    """One listener's: the URL it serves, the ``target`` path a client must ask for
+    and, when it terminates TLS, its ssl ``context`` (None: plain HTTP behind a reverse
+    proxy). ``clock`` (seconds since the epoch) dates the error pages, as a web server
+    does; None: pages carry no Date."""
 
-    url: str
-    target: str                       # the one path that gets a 101: url='s, or bridge-path=
-    context: Optional[ssl.SSLContext]   # None: plain HTTP behind a reverse proxy
-    notes: Tuple[str, ...] = ()
-    clock: Optional[Callable[[], float]] = None     # None: pages carry no Date
-    rewritten: bool = False           # target is bridge-path= (the front rewrites url='s path)
-    shaping: Optional[object] = None  # a Shaping: the first writes cut and paced (server_config: on)
+    def __init__(self, url, target, context, notes=(), clock=None, rewritten=False, shaping=None):
+        self.url, self.target, self.context, self.notes, self.clock = url, target, context, notes, clock
+        self.rewritten = rewritten    # target is bridge-path= (the front rewrites url='s path)
+        self.shaping = shaping        # a Shaping: the first writes cut and paced (server_config: on)
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (keyword arguments of the constructor) applied."""
+        return type(self)(**dict(vars(self), **changes))
+
+    def __eq__(self, other):
+        return type(other) is type(self) and vars(other) == vars(self)
 
 
 def client_config(options):
@@ -927,7 +939,7 @@ class WebTunnel:
         line's synthetic address) is never dialled."""
         if not config.tls:
             return [(config.address, config)]
-        return [(config.address, replace(config, servername=name)) for name in config.servernames]
+        return [(config.address, config.replace(servername=name)) for name in config.servernames]
 
     @classmethod
     def public_address(cls, config, bound):
@@ -1031,9 +1043,11 @@ class WebTunnel:
             return True
         except ssl.SSLWantReadError:
             return False
-        except ssl.SSLCertVerificationError as exc:
+        except ssl.CertificateError as exc:   # 3.7+: SSLCertVerificationError; 3.6: a name mismatch
             raise self._fail(self._certificate_words(exc), self._outgoing.read())
         except ssl.SSLError as exc:
+            if exc.reason == "CERTIFICATE_VERIFY_FAILED":   # Python 3.6 says a bad chain so
+                raise self._fail(self._certificate_words(exc), self._outgoing.read())
             if not self.initiator and exc.reason == "HTTP_REQUEST":
                 # Plain HTTP to our TLS port: a web server answers that in plain HTTP.
                 raise self._fail("the client spoke plain HTTP to our TLS port: answered 400",

@@ -50,6 +50,7 @@ import sys
 import textwrap
 
 from outbound import format_address
+from proxy import program_name
 from teaching import capture, demo_meek, demo_obfs, demo_webtunnel, pictures, present
 from teaching.demo_base import (
     MESSAGE,
@@ -120,8 +121,8 @@ def walk_one(name, options, settings, record_dir=None, seed=None):
              format_address(server_address), format_address(echo_address)))
     print("  The client is the initiator (it opened the TCP connection); the server is the responder.")
     if record_dir is not None:
-        print("  The wire bytes were also saved in %s: try `python3 obfsproxy.py unmask %s`."
-              % (record_dir, record_dir))
+        print("  The wire bytes were also saved in %s: try `%s unmask %s`."
+              % (record_dir, program_name(), record_dir))
     walk.check(walk.c_sent == bytes(exchange.server.received)
                and walk.s_sent == bytes(exchange.client.received),
                "what one side sent differs from what the other received")
@@ -135,7 +136,8 @@ def walk_one(name, options, settings, record_dir=None, seed=None):
     if walk.problems:
         return 1, walk
     print(style("ok", "OK") + ": the message crossed the tunnel and came back byte for byte, and "
-          "every value shown checked out (%.2f s). More: docs/PROTOCOL.md" % exchange.seconds)
+          "every value shown checked out (%.2f s). More: the guide, `%s guide`."
+          % (exchange.seconds, program_name()))
     return 0, walk
 
 
@@ -155,7 +157,7 @@ def filters(walk):
     first = capture.FirstPacket(first_piece)
     walk.first = first if first_piece else None
     print("  The fully-encrypted test (the Great Firewall since November 2021, as %s" % capture.WU_2023)
-    print("  measured it; `obfsproxy.py detect` runs it) on the client's first write, %d bytes:"
+    print("  measured it; the detect command runs it) on the client's first write, %d bytes:"
           % len(first_piece))
     print("    %s  %s" % (walk.style("bad" if first.rule is None else "ok", first.verdict), first.figures()))
 
@@ -164,9 +166,9 @@ OBSERVER = {
     "dummy": (["every byte: the TLS record header, the strings, the sizes, the timing"],
               ["nothing is hidden: this is the baseline the transports improve on"]),
     "obfs2": (["detect it: one SHA-256 over the clear seed and one AES block give 2b f5 ca 7e "
-               "(`obfsproxy.py detect`)",
+               "(the detect command)",
                "read it: both seeds are in clear, and every key is a hash of them "
-               "(`obfsproxy.py unmask`)",
+               "(the unmask command)",
                "flag it as fully encrypted (first packet), and see every size and every pause"],
               ["match a string: from the first byte on there is none"]),
     "obfs3": (["flag it as fully encrypted (first packet); see that both sides send at least 192 "
@@ -175,7 +177,7 @@ OBSERVER = {
                "plaintext length)"],
               ["compute SHARED_SECRET from X and Y (it needs x or y): so no key, no magic, not even "
                "where the padding ends",
-               "match a string, or run obfs2's magic test (`obfsproxy.py unmask` explains)",
+               "match a string, or run obfs2's magic test (the unmask command explains)",
                "but an ACTIVE attacker can: obfs3 authenticates nobody, so a man in the middle runs "
                "UniformDH with each side and reads everything, and a prober gets 192+ bytes back "
                "from any server"]),
@@ -185,7 +187,7 @@ OBSERVER = {
                "with the bridge line (cert): find M_C and check MAC_C, so confirm obfs4 to that bridge"],
               ["find the marks without the bridge line: every byte looks random",
                "compute a key, even with the bridge's private key b: ntor needs x or y, erased after "
-               "the handshake (forward secrecy; `obfsproxy.py unmask --state-dir` shows it)",
+               "the handshake (forward secrecy; unmask --state-dir shows it)",
                "probe the bridge without its cert: the server stays silent and closes after "
                "30 s + a per-bridge delay; a man in the middle without b fails AUTH"]),
     "webtunnel": (["read the SNI (the web site's name) and the server's address, and fetch its "

@@ -4,7 +4,6 @@ demo is): one connection run in this process with each side's wire recorded
 demo's seeded random source (``seeded``, ``reseed``), and the helpers every walk
 prints and checks with (``Walk``)."""
 
-import dataclasses
 import random
 import socket
 import tempfile
@@ -123,8 +122,8 @@ def reseed(transport, rng):
         config.randbytes, config.randbelow, config.pad_length = randbytes, rng.randrange, rng.randint
         config.sample = lambda dist: dist.sample(rng.randrange, rng.random)
     elif isinstance(transport, obfs3.Obfs3):
-        transport.config = dataclasses.replace(transport.config, randbytes=randbytes,
-                                               padlen=lambda: rng.randint(0, obfs3.MAX_PADLEN))
+        transport.config = transport.config.replace(randbytes=randbytes,
+                                                    padlen=lambda: rng.randint(0, obfs3.MAX_PADLEN))
         transport.padlen1, transport.padlen2 = transport.config.padlen(), transport.config.padlen()
     elif isinstance(transport, obfs2.Obfs2):
         transport.seed, transport._randbytes = randbytes(obfs2.SEED_LENGTH), randbytes
@@ -175,17 +174,15 @@ def echo_service():
     return echo.getsockname()[:2], echo
 
 
-@dataclasses.dataclass
 class Exchange:
-    """What one demo connection left behind."""
+    """What one demo connection left behind: the bytes echoed, each side's ``Wire``,
+    the ``addresses`` (echo, server, SOCKS client), the ``seconds`` it took, the
+    server's bridge-line arguments (``announce``; obfs4: cert, iat-mode) and the
+    ``stage`` set up around the connection (webtunnel: its certificate)."""
 
-    echoed: bytes
-    client: Wire
-    server: Wire
-    addresses: tuple          # (echo, server, SOCKS client)
-    seconds: float
-    announce: dict            # the server's bridge-line arguments (obfs4: cert, iat-mode)
-    stage: "Stage"            # what was set up around the connection (webtunnel: its certificate)
+    def __init__(self, echoed, client, server, addresses, seconds, announce, stage):
+        self.echoed, self.client, self.server = echoed, client, server
+        self.addresses, self.seconds, self.announce, self.stage = addresses, seconds, announce, stage
 
 
 class Stage:
@@ -208,7 +205,7 @@ class Stage:
     def client_side(self, settings, cls, server_config, announce, server_address):
         options = dict(self.server_options, **announce)   # the bridge line's arguments
         self.target = server_address
-        return dataclasses.replace(settings, options=options), server_address
+        return settings.replace(options=options), server_address
 
     def finish(self):
         pass
@@ -225,13 +222,13 @@ def run_exchange(name, options, settings, stage_class=None, seed=None):
         server_config, announce = stage.server_config(cls, Path(state.name), seeded(seed, "state"))
         echo_address, echo_listener = echo_service()
         server_tap, client_tap = Tap(seeded(seed, "server")), Tap(seeded(seed, "client"))
-        server_settings = dataclasses.replace(settings, transport=name, config=server_config,
-                                              dest=echo_address, wrappers=settings.wrappers + (server_tap,))
+        server_settings = settings.replace(transport=name, config=server_config,
+                                            dest=echo_address, wrappers=settings.wrappers + (server_tap,))
         tunnels = listener.Listener(pool_size=0)   # every key made on the spot, and seen (keep_secret)
         try:
             server_address = tunnels.listen(("127.0.0.1", 0), proxy.handle_server, server_settings)
             client_settings, target = stage.client_side(
-                dataclasses.replace(settings, transport=name, wrappers=settings.wrappers + (client_tap,)),
+                settings.replace(transport=name, wrappers=settings.wrappers + (client_tap,)),
                 cls, server_config, announce, server_address)
             client_address = tunnels.listen(("127.0.0.1", 0), proxy.handle_socks_client, client_settings)
             threading.Thread(target=tunnels.serve, daemon=True).start()

@@ -11,6 +11,7 @@ import obfs4_state
 from cryptoroutes.curve25519 import elligator2_direct, x25519
 from obfs4_crypto import SecretBox
 from obfs4_drbg import HashDrbg
+from proxy import program_name
 from teaching import capture, present
 from teaching.demo_base import (
     MESSAGE,
@@ -86,9 +87,10 @@ def walk_obfs2(walk):
     print("  Ciphertext length = plaintext length (%d bytes): obfs2 hides no sizes and no timing."
           % len(c_data))
     if secret_hash is None:
-        print("  Try `python3 obfsproxy.py demo --transport=obfs2 --shared-secret=SECRET` to see what")
-        print("  a shared secret changes, and `python3 obfsproxy.py demo --transport=obfs3` or")
-        print("  `python3 obfsproxy.py demo --transport=obfs4` for what came after obfs2.")
+        program = program_name()
+        print("  Try `%s demo --transport=obfs2 --shared-secret=SECRET` to see what" % program)
+        print("  a shared secret changes, and `%s demo --transport=obfs3` or" % program)
+        print("  `%s demo --transport=obfs4` for what came after obfs2." % program)
     else:
         n = iterations
         print("  With a shared secret the seeds alone no longer give the keys. A censor who knows\n"

@@ -11,7 +11,6 @@ key, and keeps TLS in the picture, which is what a censor sees of webtunnel. The
 terminates TLS itself (tls-cert=, tls-key=) where a real bridge has nginx."""
 
 import base64
-import dataclasses
 import hashlib
 import hmac
 import importlib
@@ -20,9 +19,9 @@ import os
 import secrets
 import ssl
 import string
+import sys
 import textwrap
 import time
-from typing import Optional
 from urllib.parse import urlsplit
 
 import browser_tls
@@ -159,18 +158,20 @@ def demo_certificates(host):
 
 
 DEMO_CA = "obfsproxy.py demo CA (throwaway)"
+KEY_LOG = hasattr(ssl.SSLContext, "keylog_filename")    # Python 3.8 and newer write TLS key logs
 
 
-@dataclasses.dataclass(frozen=True)
 class TrustingSettings(proxy.Settings):
     """The demo client's settings: each webtunnel config it makes trusts the demo's
-    CA instead of the system's roots. That is the only change from a real client;
-    the demo checks that the ClientHello is the same (JA4)."""
+    CA (``trust``, an ssl.SSLContext) instead of the system's roots. That is the only
+    change from a real client; the demo checks that the ClientHello is the same (JA4)."""
 
-    trust: Optional[ssl.SSLContext] = None
+    def __init__(self, transport, trust=None, **settings):
+        proxy.Settings.__init__(self, transport, **settings)
+        self.trust = trust
 
     def client_config(self, args=None):
-        return dataclasses.replace(proxy.Settings.client_config(self, args), context=self.trust)
+        return proxy.Settings.client_config(self, args).replace(context=self.trust)
 
 
 class WebTunnelStage(Stage):
@@ -207,11 +208,13 @@ class WebTunnelStage(Stage):
         options = dict(announce, addr=format_address(server_address))
         trust = None
         if self.tls:
-            trust = ssl.create_default_context(cadata=self.ca)     # as default_client_context()
+            # as default_client_context(); PEM, since Python 3.6 and 3.7 built with OpenSSL 3
+            # refuse a DER cadata ("unknown error")
+            trust = ssl.create_default_context(cadata=ssl.DER_cert_to_PEM_cert(self.ca))
             trust.set_alpn_protocols(webtunnel.ALPN)
-            trust.keylog_filename = str(self.key_log_path)
-        fields = {field.name: getattr(settings, field.name) for field in dataclasses.fields(settings)}
-        return TrustingSettings(**dict(fields, options=options, trust=trust)), self.target
+            if KEY_LOG:
+                trust.keylog_filename = str(self.key_log_path)
+        return TrustingSettings(**dict(vars(settings), options=options, trust=trust)), self.target
 
     def finish(self):
         if self.key_log_path.exists():
@@ -348,17 +351,15 @@ def key_log_secrets(text, client_random):
     return found
 
 
-@dataclasses.dataclass
 class Record:
-    """One TLS record of one direction: where it was, what the observer saw (the
-    header's type and length), and what the key log opened it to."""
+    """One TLS record of one direction: where it was (``offset``), what the observer
+    saw (``kind``, the header's content type, and the ``body``'s length), and what the
+    key log opened it to (``inner``, the real type, None until opened; ``content``;
+    ``what``, its name)."""
 
-    offset: int
-    kind: int                 # the header's content type: what a censor sees
-    body: bytes
-    inner: Optional[int] = None   # the real type, once opened
-    content: bytes = b""
-    what: str = ""
+    def __init__(self, offset, kind, body):
+        self.offset, self.kind, self.body = offset, kind, body
+        self.inner, self.content, self.what = None, b"", ""
 
 
 def open_direction(data, suite, handshake_keys, application_keys):
@@ -566,6 +567,11 @@ def tls_records_section(walk, hello):
                       "the demo opens TLS 1.3 records only; this connection used %s, suite %04x"
                       % (version, suite)):
         return None
+    if not KEY_LOG:
+        print("  The rest is sealed. This Python (%d.%d) cannot write a TLS key log (3.8 and newer can),"
+              % sys.version_info[:2])
+        print("  so the demo cannot open the records here: run it on Python 3.8 or newer to see inside.")
+        return None
     found = key_log_secrets(stage.key_log, hello.random)
     if not walk.check(all(label in found for label in KEY_LOG_LABELS),
                       "the key log has no secrets for this connection's client random"):
@@ -691,8 +697,8 @@ def in_memory_pair(walk, shaping):
     """A client and a server of ours through their upgrade in memory, with the demo's
     configs (its certificate, its CA trusted), record shaping on or off on both."""
     made = webtunnel.Shaping() if shaping else None
-    client = webtunnel.WebTunnel(True, dataclasses.replace(walk.client.config, shaping=made))
-    server = webtunnel.WebTunnel(False, dataclasses.replace(walk.server.config, shaping=made))
+    client = webtunnel.WebTunnel(True, walk.client.config.replace(shaping=made))
+    server = webtunnel.WebTunnel(False, walk.server.config.replace(shaping=made))
     to_server, to_client = client.start(), b""
     for _ in range(20):
         if to_server:

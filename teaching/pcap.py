@@ -403,6 +403,15 @@ def read_recordings(paths):
         when = recorded_at(prefix, files)
         conversations.append(Conversation(Path(prefix).name, ("initiator", "responder"), streams, 0,
                                           notes, time=when))
+    # A client and a server both run with --record-dir each record every connection:
+    # two copies of the same bytes, each still read on its own, and said to be one.
+    clients = {conv.streams: conv.name for conv in conversations if "-client-" in conv.name}
+    for conv in conversations:
+        twin = clients.get(conv.streams) if "-server-" in conv.name and any(conv.streams) else None
+        if twin:
+            conv.twin = twin
+            conv.notes.append("the same connection as %s: the server's copy of the bytes the client "
+                              "recorded" % twin)
     return conversations
 
 
@@ -460,6 +469,10 @@ def load(paths):
         conversations.extend(found)
     if recordings:
         found = read_recordings(recordings)
-        descriptions.append("%d recording file(s): %d connection(s)" % (len(recordings), len(found)))
+        twins = sum(1 for conv in found if getattr(conv, "twin", None))
+        descriptions.append("%d recording file(s): %d connection(s)%s" % (
+            len(recordings), len(found), "" if not twins else
+            "; %d of them the server's copy of a connection its client recorded too (both ends "
+            "ran --record-dir): %d distinct" % (twins, len(found) - twins)))
         conversations.extend(found)
     return descriptions, conversations

@@ -271,6 +271,9 @@ def test_record_dir_then_unmask_and_detect(tmp_path):
 
     status, out = run_capture("detect", record)
     assert status == 0
+    # Both ends recorded the one connection: two copies, each read, and said to be one.
+    assert ("4 recording file(s): 2 connection(s); 1 of them the server's copy of a connection its "
+            "client recorded too (both ends ran --record-dir): 1 distinct") in out
     assert out.count("obfs2: the initiator and responder magic decrypts to 2b f5 ca 7e") == 2
     assert "2 of 2 stream(s) are obfs2" in out
     assert re.search(r"work: 2 SHA-256, 2 AES block\(s\), [\d.]+ (us|ms)", out)

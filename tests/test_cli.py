@@ -25,6 +25,7 @@ import struct
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -56,8 +57,10 @@ from support import (
 )
 
 import obfs2
+import obfs4_state
 import obfsproxy
 import transports
+from proxy import program_name
 
 KiB, MiB = 1024, 1024 * 1024
 needs_sigpipe = pytest.mark.skipif(not hasattr(signal, "SIGPIPE"), reason="POSIX SIGPIPE")
@@ -730,7 +733,9 @@ def test_help_and_version_need_no_package_at_all(args):
     crypto on its no-package routes."""
     expected = run_cli(*args)
     done = without_dependencies(*args)
-    assert (done.returncode, done.stdout, done.stderr) == (0, expected.stdout, ""), done
+    # the help names the program as it was started: with -I -S here
+    said = done.stdout.replace("python3 -I -S obfsproxy.py", "python3 obfsproxy.py")
+    assert (done.returncode, said, done.stderr) == (0, expected.stdout, ""), done
 
 
 def test_a_missing_dependency_names_the_virtual_environment_beside_the_script(tmp_path):
@@ -944,8 +949,8 @@ def test_each_command_has_its_own_help():
     client = run_cli("client", "--help")
     assert client.returncode == 0
     usage = client.stdout.split("\n\n", 1)[0].splitlines()
-    assert "  obfsproxy.py client [options] --bridge=LINE <listen>" in usage, usage
-    assert all(line.startswith(("Usage:", "  obfsproxy.py client ")) for line in usage), usage
+    assert "  python3 obfsproxy.py client [options] --bridge=LINE <listen>" in usage, usage
+    assert all(line.startswith(("Usage:", "  python3 obfsproxy.py client ")) for line in usage), usage
     # Which options each command takes: MODE_OPTIONS, by which check_modes refuses the others.
     for command in obfsproxy.COMMANDS:
         text = run_cli(command, "--help").stdout
@@ -1259,3 +1264,108 @@ def test_a_webtunnel_bridge_line_client_says_where_it_really_dials():
         started = [text for text in client.log.lines if "listening on" in text]
     assert started and started[0].endswith("webtunnel client listening on %s -> wt.example:8443"
                                            % fmt(client.address)), started
+
+
+# --- The program names itself as it was started ------------------------------------------
+
+PLAIN, BARE_FLAGS = types.SimpleNamespace(isolated=0, no_site=0), types.SimpleNamespace(isolated=1, no_site=1)
+START_FORMS = [
+    # (argv[0], sys.executable, flags, current folder) -> what the help and hints say
+    ((str(ROOT / "obfsproxy.py"), "/usr/bin/python3", PLAIN, str(ROOT)), "python3 obfsproxy.py"),
+    (("obfsproxy.py", "/usr/bin/python3", PLAIN, str(ROOT)), "python3 obfsproxy.py"),
+    (("obfsproxy.py", "/usr/bin/python3", BARE_FLAGS, str(ROOT)), "python3 -I -S obfsproxy.py"),
+    (("./obfsproxy.py", "/usr/bin/python3", PLAIN, str(ROOT)), "./obfsproxy.py"),
+    (("./obfsproxy.py", "/usr/bin/python3", BARE_FLAGS, str(ROOT)), "python3 -I -S ./obfsproxy.py"),
+    ((str(ROOT / "obfsproxy.py"), "/opt/py/bin/python3.6", PLAIN, "/"),
+     "python3.6 %s" % (ROOT / "obfsproxy.py")),
+    (("CHECKOUT/obfsproxy.py", "/x/.venv/bin/python", PLAIN, str(ROOT.parent)),
+     "python3 %s/obfsproxy.py" % ROOT.name),
+    # run inside another program (pytest, a script importing the demo): the checkout's words
+    (("/usr/bin/pytest", "/usr/bin/python3", PLAIN, str(ROOT)), "python3 obfsproxy.py"),
+    (("", "/usr/bin/python3", PLAIN, str(ROOT)), "python3 obfsproxy.py"),
+]
+
+
+@pytest.mark.parametrize("started, says", START_FORMS, ids=[said for _, said in START_FORMS])
+def test_the_program_names_itself_as_it_was_started(started, says):
+    argv0, executable, flags, cwd = started
+    argv0 = argv0.replace("CHECKOUT", ROOT.name)
+    assert program_name(argv0, executable, flags, cwd) == says
+
+
+def test_the_help_and_a_hint_name_the_program_as_started():
+    """Help, an error's hint: the command as the user typed it (here with -I -S)."""
+    bare = subprocess.run([sys.executable, "-I", "-S", "obfsproxy.py", "client", "--help"], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=60)
+    assert "\n  python3 -I -S obfsproxy.py client [options] --bridge=LINE <listen>\n" in bare.stdout
+    hint = subprocess.run([sys.executable, "./obfsproxy.py", "--bogus"], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=60)
+    assert hint.stderr.endswith("Run `./obfsproxy.py --help` for the usage.\n"), hint.stderr
+
+
+def test_guide_prints_the_protocol_guide_and_writes_the_readme(tmp_path):
+    shown = run_cli("guide")
+    guide = (ROOT / "docs" / "PROTOCOL.md").read_text(encoding="utf-8")
+    assert shown.returncode == 0 and shown.stdout == guide
+    written = run_cli("guide", "--readme", "--write=%s" % (tmp_path / "README.md"))
+    assert written.returncode == 0, written.stderr
+    assert (tmp_path / "README.md").read_bytes() == (ROOT / "README.md").read_bytes()
+    refused = run_cli("demo", "--write=x")
+    assert refused.returncode == 2 and "--write is not used by demo (only by guide)" in refused.stderr
+
+
+def test_guide_says_so_in_a_copy_without_the_docs(tmp_path):
+    for path in ROOT.glob("*.py"):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    done = subprocess.run([sys.executable, str(tmp_path / "obfsproxy.py"), "guide"], cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == ("obfsproxy.py guide: docs/PROTOCOL.md is not here (a copy of the runtime alone): "
+                           "it is in the checkout, and inside obfsproxy.pyz\n")
+
+
+# --- Error texts that point where the problem is ------------------------------------------
+
+@pytest.mark.parametrize("line, says", [
+    ("obfs4 192.0.2.1:<PORT> cert=x iat-mode=0",
+     "--bridge: replace the placeholder <PORT> with the bridge's port"),
+    ("\u201cobfs4 192.0.2.1:443 cert=x iat-mode=0\u201d", "--bridge: the line holds curly quotes"),
+], ids=["port placeholder", "curly quotes"])
+def test_a_bridge_line_error_names_what_to_change(line, says):
+    done = run_cli("client", "--bridge=" + line, "127.0.0.1:0")
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_a_cert_error_speaks_in_characters_and_of_the_comma():
+    done = run_cli("client", "--cert=" + "A" * 60, "127.0.0.1:0")
+    assert done.returncode == 2, done.stderr
+    assert "cert= is 60 characters; a bridge line's is 70" in done.stderr, done.stderr
+    with pytest.raises(ValueError, match="cert= ends at a comma here: separate a bridge's arguments"):
+        obfs4_state.parse_cert("A" * 70 + ",iat-mode=0")      # obfs4proxy's SMETHOD ARGS form
+
+
+def test_a_state_or_record_error_names_the_file_by_its_absolute_path(tmp_path):
+    (tmp_path / "state" / "obfs4_state.json").mkdir(parents=True)    # unreadable as a file
+    (tmp_path / "rec").write_text("a file, not a folder")
+    server = subprocess.run([sys.executable, PROGRAM, "server", "--state-dir=state", "--dest=127.0.0.1:1",
+                             "127.0.0.1:0"], cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert server.returncode == 2, server.stderr
+    assert "obfs4 state %s: " % (tmp_path / "state" / "obfs4_state.json") in server.stderr, server.stderr
+    client = subprocess.run([sys.executable, PROGRAM, "client", "--record-dir=rec", "127.0.0.1:0"],
+                            cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert client.returncode == 2 and "--record-dir %s: " % (tmp_path / "rec") in client.stderr, client.stderr
+
+
+def test_managed_mode_started_by_a_relative_path_says_to_write_absolute_ones(tmp_path):
+    """Tor may start a transport from another folder, where a relative path in the torrc
+    line fails with only "terminated with status code 1": when it happens to work, say so."""
+    pt = ManagedPT(client_env(tmp_path, transports="obfs2"),
+                   command=[sys.executable, "obfsproxy.py", "managed"])
+    try:
+        logs = [line for line in pt.stdout.lines if line.startswith("LOG SEVERITY=warning ")]
+        assert any("started by a relative path (obfsproxy.py, from %s): write absolute paths in the torrc"
+                   % ROOT in line for line in logs), pt.stdout.lines
+    finally:
+        pt.close_stdin()
+        pt.wait()
+        pt.finish()

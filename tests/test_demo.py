@@ -849,9 +849,10 @@ def test_the_commands_a_demo_prints_run_as_printed(tmp_path, transport):
     assert status == 0, err + out
     commands = PRINTED_COMMAND.findall(out)
     assert "python3 obfsproxy.py unmask %s" % (tmp_path / "rec") in commands
+    assert "python3 obfsproxy.py guide" in commands          # "More: the guide, ..."
     if transport == "obfs2":
         assert "python3 obfsproxy.py demo --transport=obfs2 --shared-secret=SECRET" in commands
-        assert len(commands) == 4
+        assert len(commands) == 5
     for command in commands:
         done = subprocess.run(as_run_here(command), stdin=subprocess.DEVNULL, capture_output=True,
                               text=True, cwd=str(ROOT), timeout=120)
@@ -931,6 +932,20 @@ class DocShell:
             except subprocess.TimeoutExpired:
                 job.kill()
                 job.wait()
+
+
+def test_the_docs_web_servers_listen_on_this_machine_only_and_serve_a_folder_of_their_own():
+    """Every web server the docs start: --bind 127.0.0.1 (http.server listens on every
+    interface by default) and a folder of its own (by default it serves the current one,
+    where the walks keep recordings and an obfs4 bridge's private key)."""
+    starts = []
+    for name in ("docs/PROTOCOL.md", "README.md"):
+        text = (ROOT / name).read_text(encoding="utf-8")
+        starts += [line for line in text.splitlines() if "http.server" in line and "python3" in line]
+    assert starts
+    for line in starts:
+        assert "--bind 127.0.0.1 " in line, line
+        assert "--directory site " in line or "cd site && " in line, line
 
 
 def test_the_docs_walks_run_as_printed(tmp_path):

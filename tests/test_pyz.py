@@ -10,9 +10,11 @@ through nginx run the same archive through $OBFSPROXY_UNDER_TEST (support.Progra
 .ci/run does that with tests/test_interop.py and tests/test_webtunnel_live.py.
 """
 
+import glob
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,8 +22,18 @@ from pathlib import Path
 
 import pytest
 from fake_tor import ManagedPT, client_env
-from peers import Background, Destination, hashing_echo, read_hashing, send_and_shut
-from support import ROOT, Program, bootstrap, fmt, socks5_connect
+from peers import (
+    Background,
+    Destination,
+    Obfs4proxy,
+    digest,
+    duplex,
+    hashing_echo,
+    pinned_options,
+    read_hashing,
+    send_and_shut,
+)
+from support import ROOT, Program, bootstrap, fmt, require_obfs4proxy, socks5_connect
 
 import obfs2
 import transports
@@ -64,8 +76,9 @@ def test_the_archive_holds_the_tool_docopt_and_their_licences_and_nothing_else(p
     assert {"__main__.py", "LICENSE", "docopt/__init__.py"} <= names
     assert [name for name in names if name.startswith("LICENSES/docopt")], names
     assert {name[:-1] for name in names if name.endswith(".pyc")} == {n for n in names if n.endswith(".py")}
-    stray = [name for name in names if name.split("/")[0] in ("tests", "bench", "tools", "docs", ".venv")
-             or "__pycache__" in name]
+    assert {"docs/PROTOCOL.md", "README.md"} <= names      # the guide command shows them
+    stray = [name for name in names if name.split("/")[0] in ("tests", "bench", "tools", ".venv")
+             or name.startswith("docs/") and name != "docs/PROTOCOL.md" or "__pycache__" in name]
     assert stray == []
     assert pyz.read_bytes().startswith(b"#!/usr/bin/env python3\n")
 
@@ -86,16 +99,59 @@ def test_the_build_refuses_a_python_without_docopt(tmp_path):
     assert done.returncode == 1 and not out.exists(), done
     line, = done.stderr.splitlines()
     assert line.startswith("make_pyz.py: this Python (") and "has no docopt: install docopt-ng" in line, line
+    # advice that works where PEP 668 refuses a bare pip install (Debian 12): a venv, or apt
+    assert "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt" in line, line
+    assert "apt-get install python3-docopt" in line and "python3 -m pip install" not in line, line
+
+
+def test_classic_docopt_makes_a_file_for_python_3_6_with_its_debian_licence(any_python_pyz):
+    """--docopt with Debian's python3-docopt: docopt.py inside, its package's copyright
+    file as its licence, and a floor of 3.6."""
+    pyz, floor = any_python_pyz
+    if not CLASSIC_DOCOPT.is_file():
+        pytest.skip("no %s (apt-get install python3-docopt)" % CLASSIC_DOCOPT)
+    names = zipfile.ZipFile(str(pyz)).namelist()
+    assert floor == 6 and "docopt.py" in names and "docopt/__init__.py" not in names
+    licence, = [name for name in names if name.startswith("LICENSES/python3-docopt-")]
+    assert licence.endswith("-copyright.txt")
+    assert b"Permission is hereby granted" in zipfile.ZipFile(str(pyz)).read(licence)
 
 
 # --- The archive run bare, from elsewhere -----------------------------------------------
 
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["client", "--help"]], ids=" ".join)
 def test_help_and_version_are_the_checkouts(pyz, elsewhere, args):
-    expected = subprocess.run([sys.executable, str(ROOT / "obfsproxy.py"), *args], capture_output=True,
-                              text=True, timeout=60)
+    """The same text, except the program's name: the file names itself as it was started."""
+    expected = subprocess.run([sys.executable, "obfsproxy.py", *args], capture_output=True,
+                              text=True, timeout=60, cwd=str(ROOT))
     done = run_pyz(pyz, elsewhere, *args)
-    assert (done.returncode, done.stdout, done.stderr) == (0, expected.stdout, ""), done
+    said = done.stdout.replace("python3 -I -S %s" % pyz, "python3 obfsproxy.py")
+    assert (done.returncode, said, done.stderr) == (0, expected.stdout, ""), done
+
+
+def test_the_file_names_itself_as_it_was_started(pyz, elsewhere):
+    """``python3 -I -S obfsproxy.pyz`` and ``./obfsproxy.pyz`` in the help and in the
+    commands the demo prints; never a file the user does not have."""
+    copy = elsewhere / "obfsproxy.pyz"
+    copy.write_bytes(pyz.read_bytes())
+    copy.chmod(0o755)
+    bare = subprocess.run([*BARE, "obfsproxy.pyz", "demo", "--transport=obfs2"], cwd=str(elsewhere),
+                          capture_output=True, text=True, timeout=120)
+    assert "Try `python3 -I -S obfsproxy.pyz demo --transport=obfs2 --shared-secret=SECRET`" in bare.stdout
+    assert "More: the guide, `python3 -I -S obfsproxy.pyz guide`." in bare.stdout
+    assert "obfsproxy.py " not in bare.stdout.replace("obfsproxy.py demo:", "")
+    direct = subprocess.run(["./obfsproxy.pyz", "client", "--help"], cwd=str(elsewhere),
+                            capture_output=True, text=True, timeout=60)
+    assert "\n  ./obfsproxy.pyz client [options] --bridge=LINE <listen>\n" in direct.stdout, direct
+
+
+def test_the_guide_travels_inside(pyz, elsewhere, tmp_path):
+    """No checkout: the file prints the protocol guide and writes the README."""
+    shown = run_pyz(pyz, elsewhere, "guide")
+    guide = (ROOT / "docs" / "PROTOCOL.md").read_text(encoding="utf-8")
+    assert shown.returncode == 0 and shown.stdout == guide
+    done = run_pyz(pyz, elsewhere, "guide", "--readme", "--write=%s" % (tmp_path / "README.md"))
+    assert done.returncode == 0 and (tmp_path / "README.md").read_bytes() == (ROOT / "README.md").read_bytes()
 
 
 @pytest.mark.parametrize("transport", list(transports.TRANSPORTS))
@@ -232,3 +288,168 @@ def test_the_demos_gcm_opens_what_pycryptodome_seals(key_length):
         flipped[size // 2] ^= 1
         assert demo_webtunnel.gcm_open(key, nonce, header, bytes(flipped)) is None
         assert demo_webtunnel.gcm_open(key, nonce, b"\x18" + header[1:], body) is None
+
+
+# --- Every Python from 3.6 on: the demos and obfs4 against obfs4proxy ------------------------
+
+# Classic docopt 0.6.2 (Debian's python3-docopt) runs on 3.6; docopt-ng 0.8 and newer need 3.7.
+CLASSIC_DOCOPT = Path("/usr/lib/python3/dist-packages/docopt.py")
+
+
+def pyenv_root():
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    if shutil.which("pyenv"):
+        said = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=30)
+        root = said.stdout.strip() or root
+    return root
+
+
+def pyenv_pythons(root):
+    """{minor: the newest ``root``/versions/3.<minor>.*/bin/python3} for 3.6..3.13."""
+    found = {}
+    for minor in range(6, 14):
+        paths = glob.glob(os.path.join(root, "versions", "3.%d.*" % minor, "bin", "python3"))
+        paths = [path for path in paths if re.search(r"/3\.%d\.\d+/bin" % minor, path)]
+        if paths:
+            found[minor] = max(paths, key=lambda path: int(re.search(r"3\.\d+\.(\d+)", path).group(1)))
+    return found
+
+
+PYENV_ROOT = pyenv_root()
+PYTHONS = pyenv_pythons(PYENV_ROOT)
+PYTHON_2 = sorted(glob.glob(os.path.join(PYENV_ROOT, "versions", "2.7.*", "bin", "python2.7")))
+# The oldest and the newest in the default group; the ones between are slow (.ci/run runs them all).
+MATRIX = [pytest.param(minor, id="3.%d" % minor, marks=() if minor in (6, 13) else pytest.mark.slow)
+          for minor in range(6, 14)]
+
+
+@pytest.fixture(scope="module")
+def any_python_pyz(tmp_path_factory):
+    """The file built for every Python from 3.6 on (classic docopt inside), or, where that
+    docopt is missing, the usual build (3.7 and newer); with bytecode for each of them."""
+    out = tmp_path_factory.mktemp("pyz36") / "obfsproxy.pyz"
+    extra = ["--docopt=%s" % CLASSIC_DOCOPT] if CLASSIC_DOCOPT.is_file() else []
+    extra += ["--bytecode-for=%s" % python for python in PYTHONS.values()]
+    done = subprocess.run([sys.executable, str(MAKE_PYZ), *extra, str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    floor = int(re.search(r"runs on Python 3\.(\d+) or newer", done.stdout).group(1))
+    return out, floor
+
+
+def python_for(minor, floor):
+    python = PYTHONS.get(minor)
+    if python is None:
+        pytest.skip("Python 3.%d is not under $(pyenv root)/versions on this machine" % minor)
+    if minor < floor:
+        pytest.skip("no classic docopt (%s) to build a file for Python 3.%d with" % (CLASSIC_DOCOPT, minor))
+    return python
+
+
+@pytest.mark.interop
+@pytest.mark.parametrize("minor", MATRIX)
+def test_the_file_on_python_3_x(any_python_pyz, elsewhere, tmp_path, minor):
+    """The file run bare by Python 3.<minor>: the demo of every transport, then an obfs4
+    tunnel against obfs4proxy both ways (our client to its server, its client to our
+    server), 256 KiB each way checked by SHA-256."""
+    pyz, floor = any_python_pyz
+    bare = [python_for(minor, floor), "-I", "-S"]
+    require_obfs4proxy()
+    for transport in transports.TRANSPORTS:
+        done = subprocess.run([*bare, str(pyz), "demo", "--transport=" + transport], cwd=str(elsewhere),
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        last = ([line for line in done.stdout.splitlines() if line.strip()] or [""])[-1]
+        assert done.returncode == 0 and last.startswith("OK: "), (transport, done.stdout[-1500:], done.stderr)
+        assert done.stderr == "", (transport, done.stderr)
+    up, down = os.urandom(256 * 1024), os.urandom(256 * 1024)
+
+    def ours(*args):
+        return Program(*args, interpreter=bare, script=str(pyz), cwd=elsewhere)
+
+    # obfs4proxy closes both directions at the first EOF: both sides send while they read
+    with Destination(duplex(down, expect=len(up), half_close=False)) as dest:
+        theirs = Obfs4proxy("server", tmp_path, orport=dest.address, transport="obfs4",
+                            options=pinned_options(0))
+        try:
+            with ours("client", "--transport=obfs4", "127.0.0.1:0") as client:
+                carry(client.address, theirs.address, "cert=%s;iat-mode=0" % theirs.cert, up, down, dest)
+        finally:
+            theirs.stop()
+        with ours("server", "--transport=obfs4", "--state-dir=%s" % (tmp_path / "ours"),
+                  "--dest=" + fmt(dest.address), "127.0.0.1:0") as server:
+            cert = server.log.wait_for(r"bridge line for clients: .* cert=(\S+) iat-mode=0").group(1)
+            theirs = Obfs4proxy("client", tmp_path, transport="obfs4")
+            try:
+                carry(theirs.address, server.address, "cert=%s;iat-mode=0" % cert, up, down, dest)
+            finally:
+                theirs.stop()
+    version = subprocess.run([bare[0], "--version"], capture_output=True, text=True, timeout=30)
+    print("\nthe file ran on %s" % (version.stdout or version.stderr).strip())
+
+
+@pytest.mark.parametrize("minor", [6, 13])
+def test_another_python_imports_the_bytecode_built_for_it(any_python_pyz, elsewhere, minor):
+    """--bytecode-for: that Python imports the modules from bytecode/<its tag>/ (what
+    ``-v`` says of obfs4), and compiles none of them."""
+    pyz, floor = any_python_pyz
+    python = python_for(minor, floor)
+    if Path(python).resolve() == Path(sys.executable).resolve():
+        pytest.skip("the Python that builds uses the archive's own .pyc files")
+    done = subprocess.run([python, "-v", "-I", "-S", str(pyz), "--version"], cwd=str(elsewhere),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"^import 'obfs4' # <__main__\.use_bytecode_for_this_python\.<locals>\.Loader ",
+                     done.stderr, re.M), done.stderr[-3000:]
+    zipped = set(re.findall(r"^import (\S+) # loaded from Zip", done.stderr, re.M))
+    assert zipped <= {"__main__"}, zipped            # runpy runs __main__.py itself
+
+
+def carry(socks, server, args, up, down, dest):
+    """``up`` to the destination while ``down`` comes back, both checked by SHA-256."""
+    with socks5_connect(socks, server, timeout=30, args=args) as sock:
+        sock.settimeout(60)
+        sender = Background(sock.sendall, up)
+        got = read_hashing(sock, len(down))
+        sender.join(timeout=60)
+    assert dest.result() == (len(up), digest(up)), "the destination got other bytes"
+    assert got == (len(down), digest(down)), "the application got other bytes"
+
+
+def test_python_2_says_which_python_it_needs(pyz, any_python_pyz, elsewhere):
+    """Python 2.7 (and any Python older than the file's floor): one line, before any import."""
+    if not PYTHON_2:
+        pytest.skip("no Python 2.7 under $(pyenv root)/versions on this machine")
+    for archive in (any_python_pyz[0], pyz):
+        for args in (["--help"], ["demo"]):
+            done = subprocess.run([PYTHON_2[-1], str(archive), *args], cwd=str(elsewhere),
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 1 and done.stdout == "", done
+            assert re.fullmatch(r"obfsproxy\.pyz needs Python 3\.\d or newer( \(its [^)]*\))?; this is "
+                                r"Python 2\.7\.\d+ \(\S+\)\n", done.stderr), done.stderr
+    done = subprocess.run([PYTHON_2[-1], str(ROOT / "obfsproxy.py"), "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.startswith("obfsproxy.py needs Python 3.6 or newer; this is "
+                                                           "Python 2.7."), done.stderr
+    assert len(done.stderr.splitlines()) == 1
+
+
+def test_a_python_below_the_files_floor_says_so(pyz, elsewhere):
+    """A file carrying docopt-ng 0.9 (3.7 and newer) on Python 3.6: the one line, naming why."""
+    python = PYTHONS.get(6)
+    if python is None:
+        pytest.skip("Python 3.6 is not under $(pyenv root)/versions on this machine")
+    floor = zipfile.ZipFile(str(pyz)).read("__main__.py").decode()
+    if "(3, 6)" in floor:
+        pytest.skip("this build's docopt runs on 3.6")
+    done = subprocess.run([python, "-I", "-S", str(pyz), "--version"], cwd=str(elsewhere),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and re.fullmatch(
+        r"obfsproxy\.pyz needs Python 3\.7 or newer \(its docopt-ng-[\d.]+ does\); this is Python "
+        r"3\.6\.\d+ \(\S+\)\n", done.stderr), done.stderr
+
+
+def test_the_readme_gives_the_files_size(pyz):
+    """The size the README states (about N MB) is the size of the file this checkout builds."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    stated = float(re.search(r"about (\d+\.\d) MB in all", text).group(1))
+    assert abs(pyz.stat().st_size / 1e6 - stated) <= 0.1, (pyz.stat().st_size, stated)

@@ -21,7 +21,6 @@ import socket
 import ssl
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -345,7 +344,7 @@ def test_a_request_with_a_key_gets_its_accept_and_nothing_else_is_answered():
 
 def test_a_tls_front_s_101_carries_server_date_and_accept(ca):
     _, config = tls_configs(ca)
-    server = WebTunnel(False, replace(config, clock=lambda: CLOCK))
+    server = WebTunnel(False, config.replace(clock=lambda: CLOCK))
     request = CHROME_REQUEST.replace(b"KEY", b"dGhlIHNhbXBsZSBub25jZQ==")
     answer = feed_request(server, request, ca)
     assert answer == (b"HTTP/1.1 101 Switching Protocols\r\nServer: nginx\r\n" + DATE +
@@ -401,7 +400,7 @@ def test_plain_server_answers_the_exact_101_and_keeps_trailing_bytes():
 def test_tls_server_answers_the_exact_101_and_keeps_trailing_bytes(ca):
     """As the front, the 101 carries nginx's Server and Date, as our other pages do."""
     _, config = tls_configs(ca)
-    server = WebTunnel(False, replace(config, clock=lambda: CLOCK))
+    server = WebTunnel(False, config.replace(clock=lambda: CLOCK))
     raw = raw_client(ca)
     server_got, client_got = bytearray(), bytearray()
     to_server = raw.hello()
@@ -673,7 +672,7 @@ def test_plain_client_against_a_tls_server(ca):
 
 def plain_server(url=URL):
     config = WebTunnel.server_config({"url": url}, None)[0]
-    return WebTunnel(False, replace(config, clock=lambda: CLOCK))
+    return WebTunnel(False, config.replace(clock=lambda: CLOCK))
 
 
 def refused(request, split=whole):
@@ -749,7 +748,7 @@ def test_random_bytes_never_get_a_101(junk):
 
 def test_tls_server_404_is_encrypted_and_ends_with_close_notify(ca):
     _, config = tls_configs(ca)
-    server = WebTunnel(False, replace(config, clock=lambda: CLOCK))
+    server = WebTunnel(False, config.replace(clock=lambda: CLOCK))
     raw = raw_client(ca)
     to_server, seen = raw.hello(), bytearray()
     with pytest.raises(webtunnel.ProtocolError) as caught:
@@ -803,7 +802,7 @@ def test_x_forwarded_for_is_ignored_when_we_terminate_tls(ca):
 def tls_pair(ca):
     """An open TLS pair that writes one record per send (shaping off on both sides)."""
     client_config, server_config = tls_configs(ca, shaping="off")
-    server_config = replace(server_config, shaping=None)
+    server_config = server_config.replace(shaping=None)
     client_config.context = ssl.create_default_context(cafile=ca.ca_file)
     client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
     drive(client, server)
