@@ -384,10 +384,15 @@ class SecretBox:
     never let a nonce leave 64 bits. ``SecretBox(key, prefix)`` makes an instance of
     the route chosen at import (``SECRETBOX_ROUTE``):
 
-    * ``_NaClSecretBox``: libsodium's crypto_secretbox, the whole box in one C call;
+    * ``_NaClSecretBox``: libsodium's crypto_secretbox, the whole box in one C call
+      (``_SodiumSecretBox``: the same through ctypes, with no package);
+    * ``_DirectSecretBox``: a system library's Salsa20 keyed once per direction and
+      its Poly1305 context, on buffers of their own (cryptoroutes/framebox.py);
     * ``_PortableSecretBox``: the HSalsa20 subkey depends only on the key and the
       prefix, so it is computed once per direction; each frame then costs one
-      pycryptodome Salsa20 call and one Poly1305.
+      Salsa20 call and one Poly1305 on the chosen routes.
+
+    One instance is one direction of one connection, used by one thread at a time.
     """
 
     def __new__(cls, key32, nonce_prefix16):
