@@ -62,7 +62,9 @@ Routes (cryptoroutes/chooser.py says how each is chosen)
 piece          candidates, fastest first                   used for
 =============  ==========================================  ====================================
 secretbox      PyNaCl ``crypto_secretbox``; libsodium      every frame, both directions
-               ``crypto_secretbox_easy`` (ctypes); the
+               ``crypto_secretbox_easy`` (ctypes); a
+               library's keyed Salsa20 + its Poly1305
+               context (cryptoroutes/framebox.py); the
                Salsa20 route + the Poly1305 route
 Poly1305       libsodium ``crypto_onetimeauth_poly1305``,  the portable secretbox
                libcrypto ``EVP_Q_mac`` (ctypes);
@@ -92,8 +94,10 @@ through PyNaCl (one C call for the whole box; libsodium recomputes HSalsa20 from
 ~11-14 µs through pycryptodome (one Salsa20 call over 0^32 | packet gives the Poly1305
 key and the ciphertext, then one Poly1305); HSalsa20 ~8 µs. With no package, through
 ``ctypes``: the system's libsodium ~4 µs (the same one call as PyNaCl), nettle's or
-libgcrypt's Salsa20 with libcrypto's Poly1305 ~9-12 (bench/frames.py measures each
-route). With no C Salsa20 at all (pure-Python Salsa20, libcrypto's Poly1305) ~100-150
+libgcrypt's Salsa20 with libcrypto's Poly1305 keyed once per direction and called on
+buffers of their own (``_DirectSecretBox``, cryptoroutes/framebox.py) ~5-7, where the
+same C calls on bytes (``_PortableSecretBox``) cost ~12-17 (bench/frames.py measures
+each route). With no C Salsa20 at all (pure-Python Salsa20, libcrypto's Poly1305) ~100-150
 µs, the 23 keystream blocks of a frame computed side by side (pure_salsa20.py), and less
 when the frames of a write are
 sealed together or, reading, the next frames' keystreams are computed ahead
@@ -107,7 +111,7 @@ import hmac
 import struct
 
 import obfs4_drbg
-from cryptoroutes import chooser, curve25519, pure_salsa20
+from cryptoroutes import chooser, curve25519, framebox, pure_salsa20
 from cryptoroutes.chooser import KnownAnswerError  # noqa: F401  (re-exported: obfs4_crypto.KnownAnswerError)
 
 # The route chooser (chooser.py), by the names the code below uses.
@@ -291,6 +295,32 @@ def _salsa20_route():
 
 _salsa20_xor, SALSA20_ROUTE, _PASSED_OVER["Salsa20"] = _salsa20_route()
 
+
+
+def _salsa20_keyed_route():
+    """The Salsa20 of framebox.py's secretbox (keyed once per direction, on addresses):
+    libsodium's, nettle's or libgcrypt's, proven by the same answers; None without any."""
+    return _choose([(chooser.sodium_salsa20_keyed, "libsodium crypto_stream_salsa20_xor_ic"),
+                    (chooser.nettle_salsa20_keyed, "nettle salsa20_crypt"),
+                    (chooser.gcrypt_salsa20_keyed, "libgcrypt gcry_cipher Salsa20"),
+                    (None, "none")],
+                   lambda keyed: _gives(framebox.salsa20_xor_of(keyed), _SALSA20_ANSWERS))
+
+
+def _poly1305_context_route():
+    """The Poly1305 of framebox.py's secretbox (a context per direction, on addresses):
+    libsodium's one call, else libcrypto's EVP_MAC context (three calls, ~1.5 µs a frame
+    less than EVP_Q_mac), else libgcrypt's gcry_mac handle; None without any."""
+    return _choose([(chooser.sodium_poly1305_context, "libsodium crypto_onetimeauth_poly1305"),
+                    (chooser.lib_poly1305_context, "libcrypto EVP_MAC"),
+                    (chooser.gcrypt_poly1305_context, "libgcrypt gcry_mac"),
+                    (None, "none")],
+                   lambda new: _gives(framebox.poly1305_of(new), _POLY1305_ANSWERS))
+
+
+_salsa20_keyed, SALSA20_KEYED_ROUTE, _PASSED_OVER["Salsa20 (keyed)"] = _salsa20_keyed_route()
+_poly1305_context, POLY1305_CONTEXT_ROUTE, _PASSED_OVER["Poly1305 (context)"] = _poly1305_context_route()
+
 # NaCl's core1/core2 examples (obfs4-primitives.json, "hsalsa20"); the second has a
 # non-zero block counter, so it proves that ``seek`` reaches it.
 _HSALSA20_ANSWERS = [
@@ -354,10 +384,15 @@ class SecretBox:
     never let a nonce leave 64 bits. ``SecretBox(key, prefix)`` makes an instance of
     the route chosen at import (``SECRETBOX_ROUTE``):
 
-    * ``_NaClSecretBox``: libsodium's crypto_secretbox, the whole box in one C call;
+    * ``_NaClSecretBox``: libsodium's crypto_secretbox, the whole box in one C call
+      (``_SodiumSecretBox``: the same through ctypes, with no package);
+    * ``_DirectSecretBox``: a system library's Salsa20 keyed once per direction and
+      its Poly1305 context, on buffers of their own (cryptoroutes/framebox.py);
     * ``_PortableSecretBox``: the HSalsa20 subkey depends only on the key and the
       prefix, so it is computed once per direction; each frame then costs one
-      pycryptodome Salsa20 call and one Poly1305.
+      Salsa20 call and one Poly1305 on the chosen routes.
+
+    One instance is one direction of one connection, used by one thread at a time.
     """
 
     def __new__(cls, key32, nonce_prefix16):
@@ -523,6 +558,29 @@ class _PortableSecretBox(SecretBox):
         return boxes
 
 
+class _DirectSecretBox(SecretBox):
+    """A system library's Salsa20 and Poly1305 on buffers of their own, with the
+    HSalsa20 subkey cached (cryptoroutes/framebox.py): where libsodium is missing,
+    nettle's or libgcrypt's Salsa20 with libcrypto's or libgcrypt's Poly1305 cost
+    about half of what ``_PortableSecretBox`` pays for the same C calls on bytes."""
+
+    def __init__(self, key32, nonce_prefix16):
+        SecretBox.__init__(self, key32, nonce_prefix16)
+        self._frames = framebox.FrameBox(_salsa20_keyed, _poly1305_context,
+                                         hsalsa20(self._key, self.nonce_prefix))
+
+    def seal(self, counter, packet):
+        return self._frames.seal(_be64(counter), packet)
+
+    def seal_packets(self, counter, packets):
+        _check_counters(counter, len(packets))
+        seal = self._frames.seal
+        return [seal(n.to_bytes(8, "big"), packet) for n, packet in enumerate(packets, counter)]
+
+    def open_view(self, counter, box):
+        return self._frames.open(_be64(counter), box)
+
+
 def _be64(counter):
     if not 0 <= counter <= 0xFFFFFFFFFFFFFFFF:
         raise ValueError("secretbox counter %r does not fit in 64 bits" % (counter,))
@@ -600,9 +658,11 @@ def _secretbox_route():
     """secretbox: PyNaCl, else the system's libsodium through ctypes, else the Salsa20
     route with the Poly1305 route."""
     portable = "Salsa20 (%s) + Poly1305 (%s)" % (SALSA20_ROUTE, POLY1305_ROUTE)
+    direct = "Salsa20 (%s) + Poly1305 (%s)" % (SALSA20_KEYED_ROUTE, POLY1305_CONTEXT_ROUTE)
     return _choose([(_NaClSecretBox if _nacl else None, "PyNaCl crypto_secretbox"),
                     (_SodiumSecretBox if chooser.sodium_secretbox else None,
                      "libsodium crypto_secretbox_easy"),
+                    (_DirectSecretBox if _salsa20_keyed and _poly1305_context else None, direct),
                     (_PortableSecretBox, portable)], _secretbox_proven)
 
 
@@ -644,6 +704,8 @@ def pure_python_routes():
     pieces = ["X25519", "edwards25519", "Elligator2"]
     if _SecretBoxRoute is _PortableSecretBox:
         pieces = ["Salsa20", "Poly1305", "HSalsa20"] + pieces
+    elif _SecretBoxRoute is _DirectSecretBox:          # its Salsa20 and Poly1305 are a library's
+        pieces = ["HSalsa20"] + pieces
     chosen = routes()
     return [piece for piece in pieces if chosen[piece] == "pure Python"]
 

@@ -11,7 +11,9 @@ B, C, ...), so that the machine's load falls on all of them alike:
   secretbox asks of a Salsa20 route for each frame);
 * Poly1305 of the same frame;
 * seal + open of a 1,430-byte packet with obfs4's secretbox on that route (the
-  Salsa20 route with the best Poly1305 of the run, or the route's own box).
+  Salsa20 route with the best Poly1305 of the run, or the route's own box), and on
+  each "direct" pair (cryptoroutes/framebox.py: nettle's or libgcrypt's Salsa20 keyed
+  once, with libcrypto's or libgcrypt's Poly1305 context, on buffers of their own).
 
 Prints the best and the median of the rounds, in µs. The machine is shared: compare
 the routes of one run with each other, not with another run's figures.
@@ -62,6 +64,14 @@ def box_routes(polys):
         poly_name = "libsodium" if name == "libsodium" else without
         boxes["Salsa20 %s + Poly1305 %s" % (name, poly_name)] = (c._PortableSecretBox, salsa20,
                                                                  polys[poly_name])
+    keyed = {"nettle": chooser.nettle_salsa20_keyed, "libgcrypt": chooser.gcrypt_salsa20_keyed}
+    contexts = {"libcrypto EVP_MAC": chooser.lib_poly1305_context,
+                "libgcrypt gcry_mac": chooser.gcrypt_poly1305_context}
+    for name, salsa20 in keyed.items():
+        for poly_name, context in contexts.items():
+            if salsa20 is not None and context is not None:
+                boxes["direct: %s keyed + Poly1305 %s" % (name, poly_name)] = (c._DirectSecretBox, salsa20,
+                                                                               context)
     return boxes
 
 
@@ -74,8 +84,10 @@ def timed(work, count):
 
 def seal_and_open(box_class, salsa20, poly1305, packet, count):
     """µs for one seal and one open, on ``box_class`` with those routes patched in."""
-    saved = c._salsa20_xor, c.poly1305
-    if salsa20 is not None:
+    saved = c._salsa20_xor, c.poly1305, c._salsa20_keyed, c._poly1305_context
+    if box_class is c._DirectSecretBox:
+        c._salsa20_keyed, c._poly1305_context = salsa20, poly1305
+    elif salsa20 is not None:
         c._salsa20_xor, c.poly1305 = salsa20, poly1305
     try:
         box = SecretBoxOf(box_class)
@@ -87,7 +99,7 @@ def seal_and_open(box_class, salsa20, poly1305, packet, count):
             box.open_view(n, sealed[n - 1])
         return (time.perf_counter() - start) / count * 1e6
     finally:
-        c._salsa20_xor, c.poly1305 = saved
+        c._salsa20_xor, c.poly1305, c._salsa20_keyed, c._poly1305_context = saved
 
 
 def SecretBoxOf(box_class):

@@ -12,7 +12,9 @@ curve25519.py      obfs4's keys: X25519, the "dirty" Edwards public key, Elligat
 libcrypto.py       OpenSSL's libcrypto (the one Python's ``ssl`` runs) through ctypes
 libsodium.py       the system's libsodium through ctypes (what PyNaCl would give)
 nettle.py          the system's nettle through ctypes (Salsa20)
-libgcrypt.py       the system's libgcrypt through ctypes (Salsa20)
+libgcrypt.py       the system's libgcrypt through ctypes (Salsa20, Poly1305)
+framebox.py        secretbox under a cached subkey on a system library's Salsa20 and
+                   Poly1305, keyed once per direction, on buffers of its own
 syslib.py          how a system library is found (never required), and handed buffers
 pure_aes.py        AES and AES-CTR in plain Python, the last resort
 pure_salsa20.py    Salsa20 in plain Python, many blocks side by side, the last resort

@@ -417,6 +417,14 @@ sodium_hsalsa20 = _from_library(LIBSODIUM, "libsodium", "make_hsalsa20")
 sodium_poly1305 = _from_library(LIBSODIUM, "libsodium", "make_poly1305")
 nettle_salsa20_xor = _from_library(NETTLE, "nettle", "make_salsa20_xor")
 gcrypt_salsa20_xor = _from_library(LIBGCRYPT, "libgcrypt", "make_salsa20_xor")
+# The parts of framebox.py's secretbox: a Salsa20 keyed once per direction, and a
+# Poly1305 context per direction, both called on addresses.
+sodium_salsa20_keyed = _from_library(LIBSODIUM, "libsodium", "make_salsa20_keyed")
+nettle_salsa20_keyed = _from_library(NETTLE, "nettle", "make_salsa20_keyed")
+gcrypt_salsa20_keyed = _from_library(LIBGCRYPT, "libgcrypt", "make_salsa20_keyed")
+sodium_poly1305_context = _from_library(LIBSODIUM, "libsodium", "make_poly1305_context")
+lib_poly1305_context = _from_libcrypto("make_poly1305_context")
+gcrypt_poly1305_context = _from_library(LIBGCRYPT, "libgcrypt", "make_poly1305_context")
 
 
 def _modexp_proven(modexp):

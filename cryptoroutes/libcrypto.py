@@ -21,6 +21,8 @@ What it offers (each None when the library or the name is missing; OpenSSL >= 1.
 ``AesCtr``         AES-128/192/256-CTR, ``EVP_EncryptUpdate``    obfs2, obfs3: every byte
 ``x25519``         ``EVP_PKEY_derive`` on two raw X25519 keys    obfs4's ntor
 ``poly1305``       ``EVP_Q_mac("POLY1305")`` (OpenSSL 3)        the portable secretbox
+(its context)      ``EVP_MAC("POLY1305")``, one context per     framebox.py's frames
+                   direction, called on addresses
 ``SipHashStream``  ``EVP_MAC("SIPHASH")`` with ``EVP_MAC_CTX_dup``  obfs4's length DRBG
                    (OpenSSL 3): a streaming SipHash
 ``modexp``         ``BN_mod_exp_mont_consttime``                obfs3's UniformDH,
@@ -328,6 +330,49 @@ def make_poly1305(bindings):
             raise ValueError("EVP_Q_mac(POLY1305) failed")
         return out.raw
     return poly1305
+
+
+def make_poly1305_context(bindings):
+    """new() -> mac(key_address, data_address, size, tag_address), or None without
+    OpenSSL 3's EVP_MAC: Poly1305 with a raw one-time key on one EVP_MAC_CTX, kept for
+    the frames of one direction (freed when ``mac`` goes). ``EVP_MAC_init`` with a new
+    key starts a new message; then update, and final writes the 16-byte tag at
+    tag_address. Three calls on addresses, where ``EVP_Q_mac`` looks the algorithm
+    up by name on every call (cryptoroutes/framebox.py uses it)."""
+    b, own, lib = bindings, syslib.bind_own, bindings.lib
+    fetch, mac_free, ctx_new = b.EVP_MAC_fetch, b.EVP_MAC_free, b.EVP_MAC_CTX_new
+    ctx_free = b.EVP_MAC_CTX_free
+    init = own(lib, "EVP_MAC_init", _c_int, _c_void_p, _c_void_p, _c_size_t, _c_void_p)
+    update = own(lib, "EVP_MAC_update", _c_int, _c_void_p, _c_void_p, _c_size_t)
+    final = own(lib, "EVP_MAC_final", _c_int, _c_void_p, _c_void_p, _c_void_p, _c_size_t)
+    if not all((fetch, mac_free, ctx_new, ctx_free, init, update, final)):
+        return None
+    algorithm = fetch(None, b"POLY1305", None)
+    if not algorithm:
+        _failed_quietly(b)
+        return None
+    # One EVP_MAC for the process (fetched once, as OpenSSL recommends); freed at exit.
+    weakref.finalize(make_poly1305_context, mac_free, algorithm)
+
+    def release(ctx):
+        ctx_free(ctx)
+        _live[0] -= 1
+
+    def new():
+        ctx = ctx_new(algorithm)
+        if not ctx:
+            raise MemoryError("EVP_MAC_CTX_new failed")
+        _live[0] += 1
+        length = _c_size_t(0)
+        length_address = ctypes.addressof(length)
+
+        def mac(key_address, data_address, size, tag_address, _length=length):
+            if init(ctx, key_address, 32, None) != 1 or update(ctx, data_address, size) != 1 or \
+                    final(ctx, tag_address, length_address, 16) != 1 or _length.value != 16:
+                _failed(b, "EVP_MAC(POLY1305) failed")
+        weakref.finalize(mac, release, ctx)
+        return mac
+    return new
 
 
 def make_siphash_stream(bindings):

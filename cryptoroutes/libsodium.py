@@ -60,6 +60,9 @@ class Bindings:
                                _c_char_p)
         self.onetimeauth_poly1305 = b(lib, "crypto_onetimeauth_poly1305", _c_int, _c_void_p, _c_void_p,
                                       _c_ulonglong, _c_char_p)
+        # on addresses (framebox.py)
+        self.onetimeauth_on_addresses = syslib.bind_own(lib, "crypto_onetimeauth_poly1305", _c_int, _c_void_p,
+                                                        _c_void_p, _c_ulonglong, _c_void_p)
 
 
 def load():
@@ -207,3 +210,37 @@ def make_poly1305(bindings):
             raise ValueError("crypto_onetimeauth_poly1305 failed")
         return out.raw
     return poly1305
+
+
+def make_salsa20_keyed(bindings):
+    """keyed(key32) -> crypt(nonce8, size, dst, src), or None: as nettle.py's (one C
+    call per frame here, which takes the key each time), for cryptoroutes/framebox.py."""
+    xor_ic = bindings.stream_salsa20_xor_ic
+    if xor_ic is None:
+        return None
+
+    def keyed(key32):
+        _check("a Salsa20 key", len(key32), 32)
+        key = bytes(key32)
+
+        def crypt(nonce8, size, dst, src):
+            if xor_ic(dst, src, size, nonce8, 0, key) != 0:
+                raise ValueError("crypto_stream_salsa20_xor_ic failed")
+        return crypt
+    return keyed
+
+
+def make_poly1305_context(bindings):
+    """new() -> mac(key_address, data_address, size, tag_address), or None: one
+    crypto_onetimeauth_poly1305 call on addresses (libsodium keeps no context), for
+    cryptoroutes/framebox.py."""
+    onetimeauth = bindings.onetimeauth_on_addresses
+    if onetimeauth is None:
+        return None
+
+    def new():
+        def mac(key_address, data_address, size, tag_address):
+            if onetimeauth(tag_address, data_address, size, key_address) != 0:
+                raise ValueError("crypto_onetimeauth_poly1305 failed")
+        return mac
+    return new

@@ -74,3 +74,29 @@ def make_salsa20_xor(bindings):
         crypt(ctx, size, out, source)
         return out.raw[:size]
     return salsa20_xor
+
+
+def make_salsa20_keyed(bindings):
+    """keyed(key32) -> crypt(nonce8, size, dst, src), or None: Salsa20/20 under a key
+    set once, in a context of its own (64 bytes), for the frames of one direction.
+    Each ``crypt`` restarts at block 0 of ``nonce8`` and writes ``size`` bytes of
+    src XOR keystream at dst (both addresses of ``size`` bytes, which may be equal:
+    nettle allows it): two C calls, nonce and crypt, where ``salsa20_xor`` makes two
+    buffers and sets the key each time (cryptoroutes/framebox.py uses it)."""
+    set_key = bindings.set_key_256
+    set_nonce, crypt_c = bindings.set_nonce, bindings.crypt
+    if not (set_key and set_nonce and crypt_c):
+        return None
+
+    def keyed(key32):
+        if len(key32) != 32:
+            raise ValueError("Salsa20 takes a 32-byte key, not %d" % len(key32))
+        context = ctypes.create_string_buffer(CONTEXT_SIZE)
+        set_key(context, bytes(key32))
+        address = ctypes.addressof(context)
+
+        def crypt(nonce8, size, dst, src, _context=context):     # the default keeps the context
+            set_nonce(address, nonce8)
+            crypt_c(address, size, dst, src)
+        return crypt
+    return keyed

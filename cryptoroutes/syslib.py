@@ -101,6 +101,29 @@ def bind(lib, name, restype, *argtypes):
     return function
 
 
+def bind_own(lib, name, restype, *argtypes):
+    """A function object of its own for lib.name, with this C signature, or None when
+    the library lacks it. ``lib.name`` is one object shared by every binding of the
+    library; the routes that pass addresses (ints, see ``buffer_with_address``) where
+    another binding passes bytes need ``c_void_p`` arguments of their own."""
+    try:
+        function = lib[name]
+    except AttributeError:
+        return None
+    function.restype, function.argtypes = restype, argtypes
+    return function
+
+
+def buffer_with_address(size):
+    """(a bytearray of ``size`` zero bytes, a memoryview of it, its address): a buffer
+    that C writes at the address and Python fills and copies out by slices of the view,
+    with no conversion per call. The view pins the bytearray (it cannot be resized
+    while the view exists), so the address stays valid as long as the view is kept."""
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    return buffer, view, ctypes.addressof((_c_char * size).from_buffer(buffer))
+
+
 def readable(data):
     """(an argument C can read ``data`` from, its length in bytes). ``bytes`` as it is;
     a writable buffer without a copy; anything else (a read-only memoryview) copied

@@ -41,8 +41,9 @@ def use_route(monkeypatch, name):
     Salsa20, Elligator2's field power), "libcrypto" (Poly1305, X25519 and the field
     power through ctypes, the rest pure Python), "libsodium" (the system's libsodium
     through ctypes: secretbox, X25519, edwards25519, Poly1305, HSalsa20, Salsa20),
-    "nettle" and "libgcrypt" (that library's Salsa20 in the portable secretbox, libcrypto
-    for the rest: OBFSPROXY_CRYPTO=stdlib with libsodium left out), "pure Python" (the
+    "nettle" and "libgcrypt" (that library's Salsa20 in framebox.py's secretbox with
+    libcrypto's Poly1305, libcrypto for the rest: OBFSPROXY_CRYPTO=stdlib with libsodium
+    left out), "pure Python" (the
     pure functions), "chosen route" (nothing).
     Code that imported a patched name itself (obfs4's ``x25519``) must be patched by
     its test too."""
@@ -80,10 +81,14 @@ def use_route(monkeypatch, name):
                  (curve, "_dirty_u", curve._dirty_u_sodium), (c, "_salsa20_xor", chooser.sodium_salsa20_xor)]
     elif name in ("nettle", "libgcrypt"):
         # What OBFSPROXY_CRYPTO=stdlib runs with libsodium left out: this library's Salsa20
-        # in the portable secretbox, libcrypto (where it is) for the rest.
+        # in framebox.py's secretbox, libcrypto (where it is) for the rest.
         salsa20 = getattr(chooser, SYSTEM_SALSA20[name])
         need(salsa20 is not None, name)
-        patch = [(c, "_SecretBoxRoute", c._PortableSecretBox), (c, "hsalsa20", c._hsalsa20_pure),
+        keyed = getattr(chooser, SYSTEM_SALSA20[name].replace("_xor", "_keyed"))
+        context = chooser.lib_poly1305_context or chooser.gcrypt_poly1305_context
+        box = c._DirectSecretBox if keyed and context else c._PortableSecretBox
+        patch = [(c, "_SecretBoxRoute", box), (c, "_salsa20_keyed", keyed), (c, "_poly1305_context", context),
+                 (c, "hsalsa20", c._hsalsa20_pure),
                  (c, "poly1305", chooser.lib_poly1305 or c._poly1305_pure),
                  (curve, "x25519", chooser.lib_x25519 or curve._x25519_pure),
                  (curve, "_dirty_u", curve._dirty_u_pure),

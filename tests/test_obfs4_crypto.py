@@ -21,12 +21,12 @@ import pytest
 from crypto_routes import ROUTES, need, use_route
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference_crypto import salsa20_xor_one_block_at_a_time
+from reference_crypto import live_native_objects, salsa20_xor_one_block_at_a_time
 from support import ROOT, load_vectors, pycryptodome_cipher
 
 import obfs4_crypto as c
 import obfs4_drbg
-from cryptoroutes import chooser, pure_salsa20
+from cryptoroutes import chooser, framebox, pure_salsa20
 from cryptoroutes import curve25519 as curve
 
 Salsa20 = pycryptodome_cipher("Salsa20")   # a second opinion, whatever OBFSPROXY_CRYPTO says
@@ -637,9 +637,10 @@ SALSA20_ROUTES = ("libsodium crypto_stream_salsa20_xor_ic", "nettle salsa20_cryp
                   "libgcrypt gcry_cipher Salsa20", "pycryptodome Salsa20", "pure Python")
 POLY1305_ROUTES = ("libsodium crypto_onetimeauth_poly1305", "libcrypto EVP_Q_mac",
                    "pycryptodome Poly1305_MAC", "pure Python")
+POLY1305_CONTEXT_ROUTES = ("libsodium crypto_onetimeauth_poly1305", "libcrypto EVP_MAC", "libgcrypt gcry_mac")
 PORTABLE_ROUTES = {"secretbox": ("libsodium crypto_secretbox_easy",) + tuple(
                        "Salsa20 (%s) + Poly1305 (%s)" % (salsa, poly)
-                       for salsa in SALSA20_ROUTES for poly in POLY1305_ROUTES),
+                       for salsa in SALSA20_ROUTES for poly in POLY1305_ROUTES + POLY1305_CONTEXT_ROUTES),
                    "X25519": ("libsodium crypto_scalarmult", "libcrypto EVP_PKEY_derive",
                               "pycryptodome Crypto.Protocol.DH", "pure Python"),
                    "edwards25519": ("libsodium crypto_scalarmult_ed25519_base", "pycryptodome EccPoint",
@@ -813,6 +814,12 @@ def test_a_wrong_pynacl_secretbox_is_not_chosen(monkeypatch, fake_nacl, broken):
         monkeypatch.setattr(c, "_SodiumSecretBox", broken)
         route, name, passed_over = c._secretbox_route()
         assert passed_over == ["PyNaCl crypto_secretbox", "libsodium crypto_secretbox_easy"]
+    if c._salsa20_keyed is not None and c._poly1305_context is not None:
+        assert route is c._DirectSecretBox and name.startswith("Salsa20 (")
+        monkeypatch.setattr(c, "_DirectSecretBox", broken)
+        before = passed_over
+        route, name, passed_over = c._secretbox_route()
+        assert passed_over[:-1] == before and passed_over[-1].startswith("Salsa20 (")
     assert route is c._PortableSecretBox and name.startswith("Salsa20 (")
 
 
@@ -1044,3 +1051,105 @@ def test_plain_python_only_when_every_library_is_left_out():
     result = run_python(ROUTE_REPORT, OBFSPROXY_CRYPTO_SKIP="libsodum")
     assert result.returncode != 0
     assert "OBFSPROXY_CRYPTO_SKIP='libsodum' names no crypto library (libsodum)" in result.stderr
+
+
+# --- framebox.py: a system library's Salsa20 and Poly1305 on buffers of their own ----------
+
+KEYED_SALSA20 = {"libsodium": "sodium_salsa20_keyed", "nettle": "nettle_salsa20_keyed",
+                 "libgcrypt": "gcrypt_salsa20_keyed"}
+POLY1305_CONTEXTS = {"libsodium": "sodium_poly1305_context", "libcrypto": "lib_poly1305_context",
+                     "libgcrypt": "gcrypt_poly1305_context"}
+
+
+def framebox_parts(salsa20, poly1305):
+    keyed, new_mac = getattr(chooser, KEYED_SALSA20[salsa20]), getattr(chooser, POLY1305_CONTEXTS[poly1305])
+    need(keyed is not None, salsa20)
+    need(new_mac is not None, "%s (OpenSSL 3)" % poly1305 if poly1305 == "libcrypto" else poly1305)
+    return keyed, new_mac
+
+
+def reference_box(subkey, nonce8, packet):
+    """secretbox under a cached subkey, from the one-block-at-a-time Salsa20 and pure Poly1305."""
+    out = salsa20_xor_one_block_at_a_time(subkey, nonce8, bytes(32) + bytes(packet))
+    return c._poly1305_pure(out[:32], out[32:]) + out[32:]
+
+
+@pytest.mark.parametrize("salsa20", sorted(KEYED_SALSA20))
+@pytest.mark.parametrize("poly1305", sorted(POLY1305_CONTEXTS))
+def test_each_keyed_salsa20_and_poly1305_context_gives_the_known_answers(salsa20, poly1305):
+    keyed, new_mac = framebox_parts(salsa20, poly1305)
+    assert chooser.gives(framebox.salsa20_xor_of(keyed), c._SALSA20_ANSWERS)
+    assert chooser.gives(framebox.poly1305_of(new_mac), c._POLY1305_ANSWERS)
+    for key, nonce, message, box in c._SECRETBOX_ANSWERS:
+        frames = framebox.FrameBox(keyed, new_mac, c._hsalsa20_pure(key, nonce[:16]))
+        assert frames.seal(nonce[16:], message) == box
+        assert frames.open(nonce[16:], box) == message
+
+
+@settings(max_examples=60, deadline=None)
+@given(salsa20=st.sampled_from(sorted(KEYED_SALSA20)), poly1305=st.sampled_from(sorted(POLY1305_CONTEXTS)),
+       subkey=st.binary(min_size=32, max_size=32), counters=st.lists(
+           st.integers(0, (1 << 64) - 1), min_size=1, max_size=4),
+       sizes=st.lists(st.integers(0, 5000), min_size=1, max_size=4), flip=st.integers(0, 1 << 20))
+def test_a_framebox_seals_and_opens_as_the_reference_frame_after_frame(salsa20, poly1305, subkey, counters,
+                                                                       sizes, flip):
+    """One FrameBox for many frames (its buffers and contexts reused, grown past 1,536
+    bytes): each box is the reference's, opens back, and refuses one flipped bit."""
+    keyed, new_mac = framebox_parts(salsa20, poly1305)
+    frames = framebox.FrameBox(keyed, new_mac, subkey)
+    for counter, size in zip(counters, sizes):
+        nonce8, packet = counter.to_bytes(8, "big"), os.urandom(size)
+        box = frames.seal(nonce8, packet)
+        assert box == reference_box(subkey, nonce8, packet)
+        assert frames.open(nonce8, memoryview(bytearray(box))) == packet
+        forged = bytearray(box)
+        forged[flip % len(box)] ^= 1 << (flip % 8)
+        with pytest.raises(ValueError, match="bad tag"):
+            frames.open(nonce8, bytes(forged))
+        with pytest.raises(ValueError, match="bad tag"):
+            frames.open(nonce8, box[:15])
+
+
+def test_a_framebox_reads_a_view_of_words_as_its_bytes():
+    keyed, new_mac = framebox_parts("nettle", "libcrypto")
+    frames, nonce8 = framebox.FrameBox(keyed, new_mac, bytes(range(32))), bytes(8)
+    words = memoryview(bytearray(range(64))).cast("I")
+    box = frames.seal(nonce8, words)
+    assert box == reference_box(bytes(range(32)), nonce8, bytes(range(64)))
+    assert frames.open(nonce8, memoryview(bytearray(box)).cast("I")) == bytes(range(64))
+
+
+def test_framebox_contexts_are_freed_when_their_box_goes():
+    keyed, new_mac = framebox_parts("nettle", "libcrypto")
+    before = live_native_objects()
+    boxes = [framebox.FrameBox(keyed, new_mac, bytes(32)) for _ in range(5)]
+    assert live_native_objects() == before + 5
+    del boxes
+    assert live_native_objects() == before
+
+
+def test_a_wrong_keyed_salsa20_or_poly1305_context_is_passed_over(monkeypatch):
+    """A keyed Salsa20 that ignores the nonce, and a Poly1305 context that ignores the
+    data, give wrong known answers: each is passed over for the next library."""
+    def nonce_ignored(keyed):
+        def broken(key32):
+            crypt = keyed(key32)
+            return lambda nonce8, size, dst, src: crypt(bytes(8), size, dst, src)
+        return broken
+
+    def data_ignored(new_mac):
+        def broken():
+            mac = new_mac()
+            return lambda key, data, size, tag: mac(key, data, 0, tag)
+        return broken
+
+    for names, route, wrong in ((KEYED_SALSA20, c._salsa20_keyed_route, nonce_ignored),
+                                (POLY1305_CONTEXTS, c._poly1305_context_route, data_ignored)):
+        present = [name for name in names.values() if getattr(chooser, name) is not None]
+        if not present:
+            continue
+        first = present[0]
+        value, name, passed_over = route()
+        monkeypatch.setattr(chooser, first, wrong(getattr(chooser, first)))
+        broken_value, broken_name, broken_passed_over = route()
+        assert broken_passed_over == [name] and broken_name != name

@@ -22,6 +22,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reference_crypto import live_native_objects, make_aes_ecb, salsa20_xor_one_block_at_a_time
 from support import IN_CI, ROOT, load_vectors
 
@@ -205,6 +207,25 @@ def test_pure_salsa20_many_messages_match_one_at_a_time():
     assert pure_salsa20.salsa20_xor_many(key, messages) == [
         salsa20_xor_one_block_at_a_time(key, nonce, data) for nonce, data in messages]
     assert pure_salsa20.salsa20_xor_many(key, []) == []
+
+
+FRAME_COUNTERS = st.one_of(st.integers(0, (1 << 64) - 1), st.sampled_from([0, 1, (1 << 32) - 1, 1 << 32,
+                                                                           (1 << 64) - 2, (1 << 64) - 1]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(key=st.binary(min_size=32, max_size=32),
+       requests=st.lists(st.tuples(FRAME_COUNTERS, st.integers(0, 1600)), max_size=5))
+def test_side_by_side_keystreams_equal_one_block_at_a_time(key, requests):
+    """Every block of every frame side by side (pure_salsa20.keystreams) against each
+    block alone, for random keys, frame counters as obfs4 makes its nonces (BE64, up to
+    the last before 2^64 wraps, and across 2^32) and lengths (whole and partial blocks,
+    up to a frame and more). The block counter of one message starts at 0 and stays
+    far below 2^32 (a frame is 23 blocks), as both compute it."""
+    nonces = [(counter.to_bytes(8, "big"), length) for counter, length in requests]
+    streams = pure_salsa20.keystreams(key, nonces)
+    assert [len(stream) for stream in streams] == [length for _, length in nonces]
+    assert streams == [salsa20_xor_one_block_at_a_time(key, nonce, bytes(length)) for nonce, length in nonces]
 
 
 def test_pure_salsa20_refuses_wrong_lengths():

@@ -61,7 +61,8 @@ LEAF_ALLOWED = {("obfs4", "obfs4_crypto"), ("obfs4", "obfs4_drbg"), ("obfs4", "c
                 ("obfs4", "obfs4_state"), ("obfs4_state", "cryptoroutes.curve25519"),
                 ("obfs4_state", "obfs4_drbg"), ("obfs4_crypto", "obfs4_drbg"),
                 ("obfs4_crypto", "cryptoroutes.chooser"), ("obfs4_crypto", "cryptoroutes.curve25519"),
-                ("obfs4_crypto", "cryptoroutes.pure_salsa20"), ("obfs4_drbg", "cryptoroutes.chooser"),
+                ("obfs4_crypto", "cryptoroutes.pure_salsa20"), ("obfs4_crypto", "cryptoroutes.framebox"),
+                ("obfs4_drbg", "cryptoroutes.chooser"),
                 ("obfs2", "cryptoroutes.aes_ctr"), ("obfs3", "cryptoroutes.aes_ctr"),
                 ("obfs3", "cryptoroutes.chooser"),
                 # webtunnel: addr= read as every address is; its client's browser hello (curl
