@@ -19,6 +19,7 @@ import outbound
 import process_setup
 import proxy
 import transports
+import webtunnel
 from outbound import format_address
 from teaching import present
 
@@ -99,7 +100,8 @@ class Tap:
 # hold only for most draws fails on a seed that can be run again. Each role (the
 # bridge's state, the server, the client, the stage) has a stream of its own, so the
 # order in which the threads draw does not change what each draws. Python's ssl draws
-# its own randomness: a webtunnel run repeats its path, not its TLS bytes.
+# its own randomness: a webtunnel run repeats its path and its record cuts, not its TLS
+# bytes.
 
 def seeded(seed, role):
     """The ``random.Random`` of ``role`` for ``seed``, or None (the CSPRNG) without a seed."""
@@ -114,8 +116,10 @@ def bytes_from(rng):
 def reseed(transport, rng):
     """Make a new transport, before its ``start()``, draw from ``rng`` what it would draw
     from the CSPRNG: obfs4's and obfs3's through their configs' injectable sources;
-    obfs2 draws its SEED and PADLEN as it is made, so they are drawn again here.
-    Other transports keep their own randomness."""
+    obfs2 draws its SEED and PADLEN as it is made, so they are drawn again here;
+    webtunnel starts its record cutter (its Shaper) as it is made, so it is started
+    again here, on a stream split off ``rng``. Other transports keep their own
+    randomness (webtunnel's TLS: Python's ssl draws its own)."""
     randbytes = bytes_from(rng)
     if isinstance(transport, obfs4.Obfs4):
         config = transport.config
@@ -128,6 +132,14 @@ def reseed(transport, rng):
     elif isinstance(transport, obfs2.Obfs2):
         transport.seed, transport._randbytes = randbytes(obfs2.SEED_LENGTH), randbytes
         transport.padlen = rng.randint(0, obfs2.MAX_PADDING)
+    elif isinstance(transport, webtunnel.WebTunnel) and transport._shaper is not None:
+        transport._shaper = webtunnel.Shaper(transport.config.shaping, split(rng))
+
+
+def split(rng):
+    """A ``random.Random`` of its own, seeded from ``rng``: its draws, made whenever
+    (webtunnel's cuts happen as the relay sends), do not move ``rng``'s."""
+    return random.Random(rng.getrandbits(128))
 
 
 def keep_secret(config, wire):

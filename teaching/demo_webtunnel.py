@@ -31,7 +31,7 @@ import webtunnel
 from cryptoroutes import curve25519
 from outbound import format_address, is_ip_literal
 from teaching import present
-from teaching.demo_base import MESSAGE, Stage, application_bytes
+from teaching.demo_base import MESSAGE, Stage, application_bytes, split
 
 # --- webtunnel: the demo's certificate --------------------------------------------------------
 #
@@ -695,8 +695,10 @@ TOR_SERVER_WRITES = (1182, 79, 79, 2077, 536, 536, 2592)
 
 def in_memory_pair(walk, shaping):
     """A client and a server of ours through their upgrade in memory, with the demo's
-    configs (its certificate, its CA trusted), record shaping on or off on both."""
-    made = webtunnel.Shaping() if shaping else None
+    configs (its certificate, its CA trusted), record shaping on or off on both (its
+    cuts drawn from the demo's seed, if it has one)."""
+    rng = walk.exchange.stage.rng
+    made = webtunnel.Shaping(random=None if rng is None else lambda: split(rng)) if shaping else None
     client = webtunnel.WebTunnel(True, walk.client.config.replace(shaping=made))
     server = webtunnel.WebTunnel(False, walk.server.config.replace(shaping=made))
     to_server, to_client = client.start(), b""

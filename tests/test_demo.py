@@ -31,6 +31,7 @@ from support import PROGRAM, ROOT, LineReader, closed_port, load_vectors, pycryp
 import browser_tls
 import proxy
 import tlswire
+import transports
 from cryptoroutes.curve25519 import elligator2_direct
 from obfs4_crypto import secretbox_open
 from obfs4_drbg import HashDrbg, WeightedDist
@@ -390,25 +391,39 @@ SEEDED = [("dummy", {}), ("obfs2", {}), ("obfs2", {"shared-secret": "s3cret", "s
 SEEDS = 200
 
 
-def run_seeded(name, options, seed):
-    """(status, output) of one in-process demo drawing from ``seed``."""
+def run_seeded(name, options, seed, record_dir=None):
+    """(status, output) of one in-process demo drawing from ``seed``; with ``record_dir``,
+    each side's wire saved there too (as --record-dir does)."""
     out = io.StringIO()
+    if record_dir is None:
+        settings = proxy.Settings(name)
+    else:
+        settings = proxy.Settings(name, wrappers=(transports.RecordDir(str(record_dir)).wrap,))
     with redirect_stdout(out):
-        status = demo.main(name, dict(options), proxy.Settings(name), seed=seed)
+        status = demo.main(name, dict(options), settings, seed=seed,
+                           record_dir=None if record_dir is None else str(record_dir))
     return status, out.getvalue()
 
 
 @pytest.mark.parametrize("name, options", SEEDED, ids=["%s%s" % (name, "".join("-%s=%s" % item for item in
                                                                              sorted(options.items())))
                                                        for name, options in SEEDED])
-def test_every_value_checks_out_for_every_seed(name, options):
-    failed, outputs = {}, []
+def test_every_value_checks_out_for_every_seed(name, options, tmp_path):
+    failed, outputs, first_records = {}, [], set()
     for seed in range(SEEDS):
-        status, out = run_seeded(name, options, seed)
+        record_dir = tmp_path / str(seed) if name == "webtunnel" else None
+        if record_dir is not None:
+            record_dir.mkdir()
+        status, out = run_seeded(name, options, seed, record_dir)
         if status != 0:
             failed[seed] = [line for line in out.splitlines() if line.startswith("FAILED")]
+        elif record_dir is not None:
+            first_records.add(first_sealed_record(out, wire(record_dir)[0]))
         outputs.append(out)
     assert not failed, failed
+    if name == "webtunnel":
+        # The seeds cut the message's first record both under and over the dump's 48 bytes.
+        assert min(first_records) < 48 < max(first_records), sorted(first_records)
     if (name, options) == ("obfs4", {}):
         # The seeds reach padBurst's two-frame case (about one run in 40), where a burst
         # ends 21 bytes past the table's length: the check must accept it.
@@ -420,7 +435,8 @@ def test_a_seed_repeats_the_draws():
     def drawn(name, seed):
         status, out = run_seeded(name, {}, seed)
         assert status == 0
-        drawn_lines = r"(?:INIT_SEED|RESP_SEED|cert   |X = ell2\(X'\)|P_C|P_S)[ =].*|url=https://\S+"
+        drawn_lines = (r"(?:INIT_SEED|RESP_SEED|cert   |X = ell2\(X'\)|P_C|P_S)[ =].*|url=https://\S+"
+                       r"|the client cut them into .*|      (?:client|server) -> (?:client|server): .*")
         return re.findall(drawn_lines, out)
 
     for name in ("obfs2", "obfs4", "webtunnel"):
@@ -527,6 +543,28 @@ def client_hello_sni(data):
     return None
 
 
+def first_sealed_record(out, c_wire):
+    """The record the demo shows as the first of the stream is, as dumped, the client's
+    wire at the offset printed: the whole record (5 + piece + 17 bytes), or its first 48
+    bytes and how many more; it opens to the message's first bytes. Returns its length.
+    Shaping may cut the message's first piece down to one byte: a record under 48 bytes."""
+    suite = int(re.search(r"ServerHello: TLS 1.3, cipher suite ([0-9a-f]{4})", out).group(1), 16)
+    secret = bytes.fromhex(re.search(r"\n    CLIENT_TRAFFIC_SECRET_0\n      = ([0-9a-f]+)\n", out).group(1))
+    first = re.search(r"the first at offset (\d+) of its bytes: (\d+) \+ 17 bytes, sealed:", out)
+    at, size = int(first.group(1)), int(first.group(2))
+    length = 5 + size + 17
+    assert c_wire[at:at + 5] == b"\x17\x03\x03" + (size + 17).to_bytes(2, "big")
+    heading = "%d + 17 bytes, sealed:" % size
+    dump = re.match(r"\n((?:    .*\n)+)", out.split(heading, 1)[1]).group(1)
+    shown = re.findall(r"^    [0-9a-f]{8}  ([0-9a-f ]+?) *\|", dump, re.M)
+    assert bytes.fromhex("".join(shown).replace(" ", "")) == c_wire[at:at + min(length, 48)]
+    more = re.findall(r"^    \.\.\. (\d+) more bytes$", dump, re.M)
+    assert more == (["%d" % (length - 48)] if length > 48 else [])
+    assert unseal(suite, secret, 1, c_wire[at:at + 5], c_wire[at + 5:at + length]) == (
+        23, demo.MESSAGE[:size])
+    return length
+
+
 def test_webtunnel_demo_shows_what_crossed_the_wire(tmp_path):
     status, out, err = run("demo", "--transport=webtunnel", "--record-dir=" + str(tmp_path))
     assert status == 0, err + out
@@ -602,11 +640,7 @@ def test_webtunnel_demo_shows_what_crossed_the_wire(tmp_path):
     for head in (request, response):
         lines = "".join("    %s\\r\\n\n" % line for line in head.decode().split("\r\n")[:-1])
         assert lines in upgrade
-    first = re.search(r"the first at offset (\d+) of its bytes: (\d+) \+ 17 bytes, sealed:", out)
-    at, size = int(first.group(1)), int(first.group(2))
-    assert hexdump_rows(out, "%d + 17 bytes, sealed:" % size) == c_wire[at:at + 48]
-    assert unseal(suite, secrets["CLIENT_TRAFFIC_SECRET_0"], 1, c_wire[at:at + 5],
-                  c_wire[at + 5:at + 5 + size + 17]) == (23, demo.MESSAGE[:size])
+    first_sealed_record(out, c_wire)
     # Tor's first writes without and with shaping: the exact lengths (*) only without.
     shaping = out.split("Record shaping: Tor's first writes", 1)[1].split("\n\n", 1)[0]
     off, on = shaping.split("shaping=off", 1)[1].split("shaping=on", 1)
