@@ -247,7 +247,7 @@ class Turn:
         if self.waits.epoll is None:       # no epoll here: the thread polls its own socket
             end = time.monotonic() + seconds
             self.give()
-            if not outbound._ready(sock, write, seconds):
+            if not outbound.ready(sock, write, seconds):
                 raise socket.timeout("timed out")
             self.take(max(end - time.monotonic(), 0.0))
             return True

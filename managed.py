@@ -39,7 +39,6 @@ import ipaddress
 import logging
 import os
 import re
-import select
 import socket
 import sys
 import threading
@@ -159,7 +158,7 @@ def take_stdout():
             except BlockingIOError:
                 now = time.monotonic()
                 end = end or now + WRITE_TIMEOUT
-                if now >= end or not select.select([], [private], [], end - now)[1]:
+                if now >= end or not outbound.ready(private, True, end - now):
                     raise OSError(errno.ETIMEDOUT, "Tor has not read its pipe for %.0f s"
                                   % WRITE_TIMEOUT)
     return Announcer(write_fd)

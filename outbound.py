@@ -126,18 +126,20 @@ def wait_until_ready(sock, deadline, write=False):
     With a turn, the wait gives the turn up and comes back with it (``Deadline``)."""
     seconds = deadline.remaining()
     turn = deadline.turn
-    ready = turn.wait(sock, write, seconds) if turn is not None else _ready(sock, write, seconds)
-    if not ready:
+    came = turn.wait(sock, write, seconds) if turn is not None else ready(sock, write, seconds)
+    if not came:
         raise socket.timeout("timed out")
 
 
 if hasattr(select, "poll"):
-    def _ready(sock, write, seconds):
+    def ready(sock, write, seconds):
+        """Whether ``sock`` (a socket or a descriptor) is ready to read (or write)
+        within ``seconds``; poll(), which takes any descriptor number."""
         poller = select.poll()
         poller.register(sock, select.POLLOUT if write else select.POLLIN)
         return bool(poller.poll(seconds * 1000))
 else:   # Windows: select() (one socket, so its limit on descriptors does not matter)
-    def _ready(sock, write, seconds):
+    def ready(sock, write, seconds):
         readable, writable, _ = select.select(() if write else (sock,), (sock,) if write else (),
                                               (), seconds)
         return bool(readable or writable)

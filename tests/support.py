@@ -23,6 +23,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def copy_runtime(folder):
+    """The root's *.py and cryptoroutes/ (the runtime) copied into ``folder``."""
+    for path in ROOT.glob("*.py"):
+        shutil.copy(str(path), str(folder / path.name))
+    shutil.copytree(str(ROOT / "cryptoroutes"), str(folder / "cryptoroutes"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+
+
 PROGRAM = str(ROOT / "obfsproxy.py")
 # The program the end-to-end tests run: this checkout's obfsproxy.py under this Python,
 # or $OBFSPROXY_UNDER_TEST, a command line such as "python3 -I -S /tmp/x/obfsproxy.pyz"

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import struct
@@ -46,6 +45,7 @@ from support import (
     EchoServer,
     Program,
     SocksReplyError,
+    copy_runtime,
     fmt,
     has_ipv6_loopback,
     recv_all,
@@ -744,10 +744,7 @@ def test_a_missing_dependency_names_the_virtual_environment_beside_the_script(tm
     with_venv, without = tmp_path / "with", tmp_path / "without"
     for folder in (with_venv, without):    # copies: the checkout itself may have a .venv or not
         folder.mkdir()
-        for path in ROOT.glob("*.py"):
-            (folder / path.name).write_bytes(path.read_bytes())
-        shutil.copytree(str(ROOT / "cryptoroutes"), str(folder / "cryptoroutes"),
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        copy_runtime(folder)
     venv = with_venv / ".venv" / "bin" / "python3"
     venv.parent.mkdir(parents=True)
     venv.write_text("")
@@ -1315,8 +1312,7 @@ def test_guide_prints_the_protocol_guide_and_writes_the_readme(tmp_path):
 
 
 def test_guide_says_so_in_a_copy_without_the_docs(tmp_path):
-    for path in ROOT.glob("*.py"):
-        (tmp_path / path.name).write_bytes(path.read_bytes())
+    copy_runtime(tmp_path)
     done = subprocess.run([sys.executable, str(tmp_path / "obfsproxy.py"), "guide"], cwd=str(tmp_path),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stdout == ""

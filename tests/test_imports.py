@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from support import PROGRAM, ROOT, EchoServer, Program, echo_round_trip, fmt, socks5_connect
+from support import PROGRAM, ROOT, EchoServer, Program, copy_runtime, echo_round_trip, fmt, socks5_connect
 
 CHECKER = str(ROOT / "tools" / "check_imports.py")
 LEAVES = ("obfs2", "obfs3", "obfs4", "obfs4_crypto", "obfs4_state", "socks")
@@ -39,14 +39,6 @@ def modules():
         names |= {package if path.stem == "__init__" else package + "." + path.stem
                   for path in (ROOT / package).glob("*.py")}
     return names
-
-
-def copy_runtime(folder):
-    """The root's *.py and cryptoroutes/ (the runtime) copied into ``folder``."""
-    for path in ROOT.glob("*.py"):
-        shutil.copy(str(path), str(folder / path.name))
-    shutil.copytree(str(ROOT / "cryptoroutes"), str(folder / "cryptoroutes"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ assertion is a lower bound.
 """
 
 import os
-import select
 import selectors
 import socket
 import struct
@@ -26,6 +25,7 @@ import time
 import pytest
 from support import IN_CI, recv_all, recv_exact
 
+import outbound
 import relay as relay_
 import transports
 
@@ -365,7 +365,7 @@ def test_a_reader_that_does_not_read_stops_the_relay_reading(ends):
     app.setblocking(False)
     written = 0
     while written < len(data):
-        if not select.select([], [app], [], 0.3)[1]:
+        if not outbound.ready(app, True, 0.3):
             break
         try:
             written += app.send(data[written:written + 65536])

@@ -16,7 +16,6 @@ of two cells each; the server's flight (1182), 79, 79, 2077, a cell each (536) a
 
 import random
 import ssl
-from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -52,11 +51,11 @@ def open_pair(ca, route, client_shaping, server_shaping):
     "browser": curl's Chrome hello) and our server terminating TLS."""
     client_config, server_config = tls_configs(ca)
     if route == "python":
-        client_config = replace(client_config, context=ssl.create_default_context(cafile=ca.ca_file))
+        client_config = client_config.replace(context=ssl.create_default_context(cafile=ca.ca_file))
     elif not isinstance(client_config.context, browser_tls.BrowserContext):
         pytest.skip("the browser route is not available here (curl_cffi)")
-    client_config = replace(client_config, shaping=client_shaping)
-    server_config = replace(server_config, shaping=server_shaping)
+    client_config = client_config.replace(shaping=client_shaping)
+    server_config = server_config.replace(shaping=server_shaping)
     client, server = WebTunnel(True, client_config), WebTunnel(False, server_config)
     drive(client, server)
     assert client.is_open and server.is_open
@@ -160,7 +159,7 @@ def test_shaped_streams_arrive_exact_at_every_split(trusted, seed, up, down, rou
 @given(seed=st.integers(0, 2 ** 32), sizes=st.lists(st.integers(0, 9000), max_size=20))
 def test_paced_server_pieces_are_the_stream_with_pauses_of_one_to_two_ms_between(seed, sizes):
     config, _ = WebTunnel.server_config({"url": URL}, None)
-    server = WebTunnel(False, replace(config, shaping=seeded(seed)))
+    server = WebTunnel(False, config.replace(shaping=seeded(seed)))
     server.receive(b"GET /k7Qm2Zx1c1b00b6 HTTP/1.1\r\nHost: wt.test\r\n"
                    b"Connection: upgrade\r\nUpgrade: websocket\r\n\r\n")
     assert server.is_open and server.paced and server.send_in_place(memoryview(bytearray(1))) is False
@@ -221,7 +220,7 @@ def test_paced_pieces_behind_a_front_hide_the_marks_when_the_front_follows_them(
     sends records of piece + 17: none of Tor's lengths among the first 16, over many seeds."""
     config, _ = WebTunnel.server_config({"url": URL}, None)
     for seed in range(50):
-        server = WebTunnel(False, replace(config, shaping=seeded(seed)))
+        server = WebTunnel(False, config.replace(shaping=seeded(seed)))
         server.receive(b"GET /k7Qm2Zx1c1b00b6 HTTP/1.1\r\nHost: wt.test\r\n"
                        b"Connection: upgrade\r\nUpgrade: websocket\r\n\r\n")
         lengths = [len(piece) + 17 for w in writes(SERVER_WRITES, seed)
