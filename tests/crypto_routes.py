@@ -25,8 +25,9 @@ def need(present, what):
         return
     if chooser.MODE != "auto" and what == "PyNaCl":
         pytest.skip("PyNaCl is ignored here (%s=%s)" % (chooser.CRYPTO_ENV, chooser.MODE))
-    if chooser.MODE == "stdlib" and what.startswith("pycryptodome"):
-        pytest.skip("pycryptodome is ignored here (%s=stdlib)" % chooser.CRYPTO_ENV)
+    if chooser.MODE in chooser.MODES and what.startswith("pycryptodome") \
+            and "pycryptodome" not in chooser.MODES[chooser.MODE]:
+        pytest.skip("pycryptodome is ignored here (%s=%s)" % (chooser.CRYPTO_ENV, chooser.MODE))
     family = what.split("'")[0].split()[0]
     if chooser.LEFT_OUT.get(family):
         pytest.skip("%s is left out here (%s)" % (family, chooser.LEFT_OUT[family]))
