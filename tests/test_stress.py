@@ -81,7 +81,8 @@ class Rest:
     def back(self):
         """Wait until the descriptors, the threads and no CLOSE_WAIT are as at rest."""
         self.wait(lambda: (fd_count(self.pid), thread_count(self.pid), close_wait(self.pid))
-                  == (self.fds, 1, []), "%d fds, one thread, no CLOSE_WAIT" % self.fds)
+                  == (self.fds, AT_REST, []),
+                  "%d fds, its main thread and poller alone, no CLOSE_WAIT" % self.fds)
 
 
 BAD_LINE = re.compile(r"\[WARNING\]|\[ERROR\]|Traceback|internal error")
