@@ -82,7 +82,10 @@ POLL_MAX = 5.0
 POLL_MULTIPLIER = 1.5
 MAX_SESSIONS = 4096           # sessions one server keeps at once (server option max-sessions=)
 MAX_DIALS = 64                # new sessions dialling Tor at once (each on a short thread)
-MAX_HEAD = webtunnel.MAX_HEAD  # a request or response head, terminator included
+MAX_HEAD = webtunnel.MAX_HEAD  # a response head (the client's reader), terminator included
+MAX_REQUEST_HEAD = (1 << 20) + 4096  # a request head: Go's DefaultMaxHeaderBytes and its slack
+MAX_REQUEST_BODY = MAX_PAYLOAD + 1   # upstream reads a body through MaxBytesReader(64 KiB + 1)
+CHUNK_OVER = 2048             # Go's server chunks a body it has not seen end within this many bytes
 FORWARDED_PORT = 1            # the port upstream gives the client address it reports to Tor
 
 COVER_PAGE = "I\u2019m just a happy little web server.\n".encode("utf-8")
@@ -135,6 +138,8 @@ def new_session_id(random=os.urandom):
 # --- HTTP messages, sans-IO -------------------------------------------------------------
 
 _REQUEST_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) HTTP/(1\.[01])\Z")
+_H2_PREFACE_LINE = re.compile(r"(PRI) (\*) HTTP/(2\.0)\Z")
+_HEAD_END = re.compile(rb"\n\r?\n")
 _STATUS_LINE = re.compile(r"HTTP/(1\.[01]) (\d\d\d)(?: (.*))?\Z")
 _NOT_REQUEST_LINE = re.compile(rb"[^\x20-\x7e]")
 _NOT_STATUS_LINE = re.compile(rb"[^\x09\x20-\x7e\x80-\xff]")
@@ -154,11 +159,25 @@ class HTTPError(Exception):
         self.status = status
 
 
+class BodyTooLarge(HTTPError):
+    """A request body over the reader's ``max_body``: Go's server answers it (meek-server
+    reads bodies through MaxBytesReader) with an empty 200 and closes. ``version``: the
+    request's HTTP version."""
+
+    def __init__(self, message, version):
+        HTTPError.__init__(self, message, "413 Request Entity Too Large")
+        self.version = version
+
+
 class MessageReader:
     """HTTP/1.x messages from bytes as they come, one after another on a keep-alive
     connection: requests (``requests=True``, a server) or responses. Bodies by
     Content-Length or chunked, at most ``max_body`` bytes (``HTTPError`` beyond:
-    "413"). A response without either is read to the end of the stream (``eof()``).
+    "413", ``BodyTooLarge`` for a request). A response without either is read to the
+    end of the stream (``eof()``). A request head is read as Go's net/http reads it
+    (meek-server faces the front): lines may end in a bare LF, the head may be up to
+    ``MAX_REQUEST_HEAD`` bytes, and ``PRI * HTTP/2.0`` is a request (without a body,
+    the connection closing after it).
     ``feed(data)``, then ``next()`` -> a Message or None (more bytes needed).
     Every byte is scanned a bounded number of times however the input is split."""
 
@@ -212,6 +231,8 @@ class MessageReader:
         buffer = self._buffer
         if not buffer:
             return False
+        if self.requests:
+            return self._read_request_head()
         if not self.requests:
             while buffer[:2] == b"\r\n":   # a blank line between messages is tolerated
                 del buffer[:2]
@@ -238,6 +259,35 @@ class MessageReader:
         self._head = (match, fields)
         return True
 
+    def _read_request_head(self):
+        """Go's way: wait for the blank line (CR LF or bare LF), up to MAX_REQUEST_HEAD
+        bytes; only then judge the lines (so bytes that are not HTTP wait, as there)."""
+        buffer = self._buffer
+        end = _HEAD_END.search(buffer, self._scanned, MAX_REQUEST_HEAD)
+        if end is None:
+            if len(buffer) >= MAX_REQUEST_HEAD:
+                raise HTTPError("a head longer than %d bytes" % MAX_REQUEST_HEAD,
+                                "431 Request Header Fields Too Large")
+            self._scanned = max(0, len(buffer) - 2)
+            return False
+        lines = bytes(buffer[:end.start()]).split(b"\n")
+        lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+        try:
+            text = [line.decode("latin-1") for line in lines]
+            if _NOT_REQUEST_LINE.search(lines[0]):
+                raise webtunnel.HeadError("a byte that is not visible ASCII in the request line")
+            fields = webtunnel.parse_fields(text[1:])
+        except webtunnel.HeadError as exc:
+            raise HTTPError("not HTTP (%s)" % exc)
+        match = _REQUEST_LINE.match(text[0]) or _H2_PREFACE_LINE.match(text[0])
+        if match is None:
+            raise HTTPError("not an HTTP/1.x request line")
+        del buffer[:end.end()]
+        self._scanned = 0
+        self._framing(match, fields)
+        self._head = (match, fields)
+        return True
+
     def _framing(self, match, fields):
         """How the body is delimited, with RFC 9112's refusals (request smuggling)."""
         lengths = fields.get("content-length", ())
@@ -246,8 +296,13 @@ class MessageReader:
             raise HTTPError("%d different Content-Length fields" % len(lengths))
         if lengths and coding:
             raise HTTPError("both Content-Length and Transfer-Encoding")
-        if self.requests and match.group(3) == "1.1" and len(fields.get("host", ())) != 1:
-            raise HTTPError("not exactly one Host field")
+        if self.requests and match.group(3) == "2.0":
+            self._length, self._to_eof = 0, True     # Go: no body is read; the connection closes
+            return
+        if self.requests and match.group(3) == "1.1" and not fields.get("host"):
+            raise HTTPError("no Host field", "400 Bad Request: missing required Host header")
+        if self.requests and len(fields.get("host", ())) > 1:
+            raise HTTPError("more than one Host field")
         if coding:
             if coding != ["chunked"]:
                 raise HTTPError("a transfer coding other than chunked", "501 Not Implemented")
@@ -256,6 +311,9 @@ class MessageReader:
             if not lengths[0].isdigit() or len(lengths[0]) > 12:
                 raise HTTPError("a bad Content-Length")
             self._length = int(lengths[0])
+            if self._length > self.max_body and self.requests:
+                raise BodyTooLarge("a body of %d bytes (at most %d)" % (self._length, self.max_body),
+                                   match.group(3))
             if self._length > self.max_body:
                 raise HTTPError("a body of %d bytes (at most %d)" % (self._length, self.max_body),
                                 "413 Request Entity Too Large")
@@ -291,6 +349,8 @@ class MessageReader:
                     raise HTTPError("a bad chunk-size line")
                 del buffer[:end + 2]
                 self._chunk_left = int(size.group(1), 16)
+                if len(self._body) + self._chunk_left > self.max_body and self.requests:
+                    raise BodyTooLarge("a body over %d bytes" % self.max_body, self._head[0].group(3))
                 if len(self._body) + self._chunk_left > self.max_body:
                     raise HTTPError("a body over %d bytes" % self.max_body, "413 Request Entity Too Large")
                 if self._chunk_left == 0:
@@ -324,26 +384,64 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Request Entit
 
 
 def go_response(status, body=b"", content_type=TEXT, nosniff=False, close=False, date=None,
-                head=False):
-    """A response as Go's net/http writes it (meek-server is a Go program): the
-    handler's fields sorted, then Connection, Date and Content-Length; no body after a HEAD."""
-    lines = ["HTTP/1.1 %d %s" % (status, _REASONS[status])]
+                head=False, version="1.1"):
+    """A response as Go's net/http writes it (meek-server is a Go program): the status
+    line in the request's version, the handler's fields sorted, then Date and
+    Content-Length, then ``Connection: close`` when the connection ends after it (an
+    HTTP/1.0 request's ends without one); no body after a HEAD. A body over CHUNK_OVER
+    bytes goes chunked, in one chunk, as Go's buffered writer sends one large write (to
+    an HTTP/1.0 request: no length, the connection's end ends it)."""
+    lines = ["HTTP/%s %d %s" % ("1.0" if version == "1.0" else "1.1", status, _REASONS[status])]
     if content_type:
         lines.append("Content-Type: " + content_type)
     if nosniff:
         lines.append("X-Content-Type-Options: nosniff")
-    if close:
+    if date is not None:
+        lines.append("Date: " + formatdate(date, usegmt=True))
+    body = bytes(body)
+    large = len(body) > CHUNK_OVER and not head
+    length = "Content-Length: %d" % len(body)
+    if version == "1.0":
+        lines.extend(([] if large else [length]) + ([] if close or large else ["Connection: keep-alive"]))
+    else:
+        tail = ["Connection: close"] if close else []
+        if large:
+            lines.extend(tail + ["Transfer-Encoding: chunked"])
+            body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        else:
+            lines.extend([length] + tail)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body)
+
+
+def go_error(status, text, close=False, date=None, head=False, version="1.1"):
+    """Go's http.Error: the text and a newline, plain text, nosniff."""
+    return go_response(status, (text + "\n").encode("utf-8"), nosniff=True, close=close, date=date,
+                       head=head, version=version)
+
+
+def go_body_too_large(date=None, version="1.1"):
+    """Go's answer when meek-server's handler stops at a body over MAX_REQUEST_BODY: it
+    writes nothing, so the server sends an empty 200, and closes, as MaxBytesReader
+    asks (Connection first here: the handler's map holds it)."""
+    lines = ["HTTP/%s 200 OK" % ("1.0" if version == "1.0" else "1.1")]
+    if version != "1.0":
         lines.append("Connection: close")
     if date is not None:
         lines.append("Date: " + formatdate(date, usegmt=True))
-    lines.append("Content-Length: %d" % len(body))
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else bytes(body))
+    lines.append("Content-Length: 0")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def go_error(status, text, close=False, date=None, head=False):
-    """Go's http.Error: the text and a newline, plain text, nosniff."""
-    return go_response(status, (text + "\n").encode("utf-8"), nosniff=True, close=close, date=date,
-                       head=head)
+def go_options(close=False, date=None, version="1.1"):
+    """Go's answer to ``OPTIONS *`` (its own handler, before meek-server's)."""
+    lines = ["HTTP/%s 200 OK" % ("1.0" if version == "1.0" else "1.1"), "Content-Length: 0"]
+    if date is not None:
+        lines.append("Date: " + formatdate(date, usegmt=True))
+    if close and version != "1.0":
+        lines.append("Connection: close")
+    elif not close and version == "1.0":
+        lines.append("Connection: keep-alive")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 def go_bad_message(status):
@@ -368,12 +466,15 @@ def answer(request, date=None):
     """The server's answer to a request that is not a meek POST (bytes), or None for
     a POST whose session id is acceptable (the caller then serves the session)."""
     head, close = request.method == "HEAD", not request.keep_alive
+    version = request.version
+    if request.method == "OPTIONS" and request.target == "*":
+        return go_options(close=close, date=date, version=version)
     if request.method == "GET":
         if clean_path(request.target) == "/":
-            return go_response(200, COVER_PAGE, date=date, close=close)
-        return go_error(404, "404 page not found", date=date, close=close)
+            return go_response(200, COVER_PAGE, date=date, close=close, version=version)
+        return go_error(404, "404 page not found", date=date, close=close, version=version)
     if request.method != "POST" or len(session_id_of(request)) < MIN_SESSION_ID:
-        return go_error(400, "Bad request.", date=date, head=head, close=close)
+        return go_error(400, "Bad request.", date=date, head=head, close=close, version=version)
     return None
 
 
@@ -796,6 +897,7 @@ class MeekLite(Meek):
 
 import logging  # noqa: E402  (the I/O half of the module)
 import selectors  # noqa: E402
+import socket  # noqa: E402
 import threading  # noqa: E402
 from collections import deque  # noqa: E402
 
@@ -1000,6 +1102,9 @@ class Session(_Owned):
 
 READ_REQUEST, DIALING, QUEUED, FORWARD, TURNAROUND_STATE, WRITE_RESPONSE, CLOSED = (
     "READ_REQUEST", "DIALING", "QUEUED", "FORWARD", "TURNAROUND", "WRITE_RESPONSE", "CLOSED")
+LINGER = "LINGER"
+LINGER_TIME = 0.5   # seconds: after the last response, the write side shut, what comes is read
+                    # and dropped (Go's closeWriteAndWait), so that unread bytes cause no RST
 
 
 class ServerConnection(_Owned):
@@ -1017,7 +1122,7 @@ class ServerConnection(_Owned):
         self.upstream = self.downstream = conn
         self.registered = {conn: 0}
         self.up, self.down = _Count(), _Count()
-        self.reader = MessageReader(requests=True)
+        self.reader = MessageReader(requests=True, max_body=MAX_REQUEST_BODY)
         self.state = READ_REQUEST
         self.session = None
         self.request = None
@@ -1041,12 +1146,12 @@ class ServerConnection(_Owned):
         events = 0
         if self.out:
             events = WRITE
-        elif self.state == READ_REQUEST and not self.peer_eof:
+        elif self.state in (READ_REQUEST, LINGER) and not self.peer_eof:
             events = READ
         timeout = None
         if self.pending_start:
             timeout = 0.0
-        elif self.state == TURNAROUND_STATE and self.until is not None:
+        elif self.state in (TURNAROUND_STATE, LINGER) and self.until is not None:
             timeout = max(0.0, self.until - time.monotonic())
         elif self.state == DIALING:
             timeout = self.settings.handshake_timeout
@@ -1055,6 +1160,13 @@ class ServerConnection(_Owned):
     def handle(self, ready, share=CHUNK):
         self.pending_start = False
         for sock, events in ready:
+            if events & READ and self.state == LINGER:
+                try:
+                    if sock.recv(CHUNK) == b"":
+                        self.peer_eof = True
+                except BlockingIOError:
+                    pass
+                continue
             if events & READ and self.state == READ_REQUEST:
                 try:
                     data = sock.recv(CHUNK)
@@ -1082,12 +1194,20 @@ class ServerConnection(_Owned):
                     return
             if self.state == WRITE_RESPONSE:
                 if self.close_after:
-                    self.finished = True
-                    return
+                    self._linger()
+                    continue
                 self.state = READ_REQUEST
+            if self.state == LINGER:
+                if self.peer_eof or now >= self.until:
+                    self.finished = True
+                return
             if self.state == READ_REQUEST:
                 try:
                     request = self.reader.next()
+                except BodyTooLarge as exc:
+                    log.info("meek: a request we cannot take (%s): answered 200, empty", exc)
+                    self._respond(go_body_too_large(self._date(), exc.version), close=True)
+                    continue
                 except HTTPError as exc:
                     log.info("meek: a request we cannot take (%s): answered %s", exc, exc.status)
                     self._respond(go_bad_message(exc.status), close=True)
@@ -1144,14 +1264,29 @@ class ServerConnection(_Owned):
                     session.done_with(self)
                     session.end()
                     self._respond(go_error(500, "Internal server error.", date=self._date(),
-                                       close=not self.request_keep_alive))
+                                       close=not self.request_keep_alive,
+                                   version=self.request.version))
                     continue
                 self.up.count += len(data or b"")     # from Tor (a Relay's up direction)
                 session.done_with(self)
-                self._respond(go_response(200, data or b"", content_type=OCTETS, date=self._date(),
-                                          close=not self.request_keep_alive))
+                data = data or b""
+                version = self.request.version
+                self._respond(go_response(200, data, content_type=OCTETS, date=self._date(),
+                                          close=not self.request_keep_alive, version=version),
+                              close=version == "1.0" and len(data) > CHUNK_OVER)
                 continue
             return
+
+    def _linger(self):
+        """The last response has gone: shut the write side and read what still comes
+        for LINGER_TIME (a peer that sent more than was read then sees the answer and a
+        FIN, not a reset)."""
+        self.state = LINGER
+        self.until = time.monotonic() + LINGER_TIME
+        try:
+            self.downstream.shutdown(socket.SHUT_WR)
+        except OSError:
+            self.finished = True
 
     def _date(self):
         clock = self.config.clock
@@ -1193,7 +1328,8 @@ class ServerConnection(_Owned):
                 table.warn("busy", "meek: refusing a new session: %d new sessions are dialling Tor "
                            "already", MAX_DIALS)
             self._respond(go_error(500, "Internal server error.", date=self._date(),
-                                       close=not self.request_keep_alive))
+                                       close=not self.request_keep_alive,
+                                   version=self.request.version))
             return
         self.session = session
         session.waiters.append(self)
@@ -1220,7 +1356,8 @@ class ServerConnection(_Owned):
         if session is not None:
             session.done_with(self)
         self._respond(go_error(500, "Internal server error.", date=self._date(),
-                                       close=not self.request_keep_alive))
+                                       close=not self.request_keep_alive,
+                                   version=self.request.version))
 
     def _write(self):
         try:

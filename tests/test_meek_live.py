@@ -289,7 +289,7 @@ def test_the_answers_of_a_go_server(parts):
     address = server.address
     cover = exchange(address, b"GET / HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n")
     assert re.match(rb"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                    rb"Connection: close\r\nDate: [^\r]+ GMT\r\nContent-Length: 38\r\n\r\n"
+                    rb"Date: [^\r]+ GMT\r\nContent-Length: 38\r\nConnection: close\r\n\r\n"
                     rb"I\xe2\x80\x99m just a happy little web server.\n\Z", cover), cover
     missing = exchange(address, b"GET /robots.txt HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n")
     assert missing.startswith(b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\n"
