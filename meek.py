@@ -1103,6 +1103,9 @@ class Session(_Owned):
 READ_REQUEST, DIALING, QUEUED, FORWARD, TURNAROUND_STATE, WRITE_RESPONSE, CLOSED = (
     "READ_REQUEST", "DIALING", "QUEUED", "FORWARD", "TURNAROUND", "WRITE_RESPONSE", "CLOSED")
 LINGER = "LINGER"
+READ_TIMEOUT = 20.0  # seconds: meek-server's ReadTimeout (and so IdleTimeout): for a whole
+                     # request from its first bytes, and between an answer and the next
+                     # request's first bytes; then the connection closes, unanswered
 LINGER_TIME = 0.5   # seconds: after the last response, the write side shut, what comes is read
                     # and dropped (Go's closeWriteAndWait), so that unread bytes cause no RST
 
@@ -1130,6 +1133,7 @@ class ServerConnection(_Owned):
         self.close_after = False
         self.peer_eof = False
         self.until = None
+        self.read_until = time.monotonic() + READ_TIMEOUT
         if first:
             self.reader.feed(first)
 
@@ -1155,6 +1159,8 @@ class ServerConnection(_Owned):
             timeout = max(0.0, self.until - time.monotonic())
         elif self.state == DIALING:
             timeout = self.settings.handshake_timeout
+        elif self.state == READ_REQUEST:
+            timeout = max(0.0, self.read_until - time.monotonic())
         return {conn: events}, timeout
 
     def handle(self, ready, share=CHUNK):
@@ -1175,7 +1181,10 @@ class ServerConnection(_Owned):
                 if data == b"":
                     self.peer_eof = True
                 elif data:
-                    self.reader.feed(self.transport.unwrap(data))
+                    plain = self.transport.unwrap(data)
+                    if plain and self.reader.idle:     # a next request begins: its ReadTimeout
+                        self.read_until = time.monotonic() + READ_TIMEOUT
+                    self.reader.feed(plain)
                     if self.transport.peer_ended:
                         self.peer_eof = True
                     owed = self.transport.data_to_send()
@@ -1197,6 +1206,7 @@ class ServerConnection(_Owned):
                     self._linger()
                     continue
                 self.state = READ_REQUEST
+                self.read_until = now + READ_TIMEOUT
             if self.state == LINGER:
                 if self.peer_eof or now >= self.until:
                     self.finished = True
@@ -1214,6 +1224,9 @@ class ServerConnection(_Owned):
                     continue
                 if request is None:
                     if self.peer_eof:
+                        self.finished = True
+                    elif now >= self.read_until:
+                        log.info("meek: no whole request within %.0f s: closed", READ_TIMEOUT)
                         self.finished = True
                     return
                 self._begin(request)
