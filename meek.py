@@ -36,7 +36,11 @@ The protocol (upstream meek 0.37 and obfs4proxy's meek_lite, read as facts)
   ORPort connection. ``GET /`` answers a small plain page; any other GET a 404,
   any other method and a POST without a valid session id a 400, a session that
   cannot reach Tor a 500, each with Go's ``net/http`` words and fields
-  (``go_response``), since meek-server is a Go program facing the front.
+  (``go_response``), since meek-server is a Go program facing the front. The
+  server reads requests as ``net/http`` does too (``MessageReader``: bare LF,
+  heads up to 1 MiB + 4 KiB, ``OPTIONS *``, the HTTP/2 preface, a body over
+  64 KiB + 1 answered with an empty 200) and closes a connection that sends no
+  whole request within ``READ_TIMEOUT`` (20 s).
   The client's address for Tor's Extended ORPort is the first element of
   ``Meek-IP`` or ``X-Forwarded-For``, else the TCP peer, with port 1.
 
