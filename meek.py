@@ -142,8 +142,10 @@ def new_session_id(random=os.urandom):
 # --- HTTP messages, sans-IO -------------------------------------------------------------
 
 _REQUEST_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) HTTP/(1\.[01])\Z")
-_H2_PREFACE_LINE = re.compile(r"(PRI) (\*) HTTP/(2\.0)\Z")
+_SERVED_REQUEST_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) HTTP/(\d\.\d)\Z")
 _HEAD_END = re.compile(rb"\n\r?\n")
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_BAD_FIELD_BYTE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _STATUS_LINE = re.compile(r"HTTP/(1\.[01]) (\d\d\d)(?: (.*))?\Z")
 _NOT_REQUEST_LINE = re.compile(rb"[^\x20-\x7e]")
 _NOT_STATUS_LINE = re.compile(rb"[^\x09\x20-\x7e\x80-\xff]")
@@ -173,6 +175,34 @@ class BodyTooLarge(HTTPError):
         self.version = version
 
 
+def _request_fields(lines):
+    """({lower-case name: [values]}, the HTTPError Go's server gives for a bad name or
+    value, or None) of a request's header lines, judged as Go's net/http judges them: a
+    line without a colon is refused at once; a folded line continues the one before; an
+    empty name is skipped; a bad name or value is refused only after the Host check,
+    which comes first there. No error quotes a line (a session id, a secret path)."""
+    fields, fault, last = {}, None, None
+    for line in lines:
+        if line[:1] in (" ", "\t"):
+            if last is None:
+                raise HTTPError("a folded first header line")
+            values = fields[last]
+            values[-1] = (values[-1] + " " + line.strip(" \t")).strip(" \t")
+            continue
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise HTTPError("a header line without a colon")
+        if not name:
+            continue
+        if fault is None and not _FIELD_NAME.match(name):
+            fault = HTTPError("a bad header name", "400 Bad Request: invalid header name")
+        if fault is None and _BAD_FIELD_BYTE.search(value):
+            fault = HTTPError("a bad header value", "400 Bad Request: invalid header value")
+        last = name.lower()
+        fields.setdefault(last, []).append(value.strip(" \t"))
+    return fields, fault
+
+
 class MessageReader:
     """HTTP/1.x messages from bytes as they come, one after another on a keep-alive
     connection: requests (``requests=True``, a server) or responses. Bodies by
@@ -199,6 +229,7 @@ class MessageReader:
         self._body = bytearray()
         self._chunk_left = None      # chunked: bytes of the current chunk still to come
         self._to_eof = False
+        self._fault = None           # a request's bad header, refused after the Host check
 
     def feed(self, data):
         self._buffer += data
@@ -280,12 +311,12 @@ class MessageReader:
             text = [line.decode("latin-1") for line in lines]
             if _NOT_REQUEST_LINE.search(lines[0]):
                 raise webtunnel.HeadError("a byte that is not visible ASCII in the request line")
-            fields = webtunnel.parse_fields(text[1:])
-        except webtunnel.HeadError as exc:
-            raise HTTPError("not HTTP (%s)" % exc)
-        match = _REQUEST_LINE.match(text[0]) or _H2_PREFACE_LINE.match(text[0])
+        except webtunnel.HeadError:
+            raise HTTPError("not HTTP (a byte that is not visible ASCII in the request line)")
+        match = _SERVED_REQUEST_LINE.match(text[0])
         if match is None:
-            raise HTTPError("not an HTTP/1.x request line")
+            raise HTTPError("not an HTTP request line")
+        fields, self._fault = _request_fields(text[1:])
         del buffer[:end.end()]
         self._scanned = 0
         self._framing(match, fields)
@@ -300,16 +331,29 @@ class MessageReader:
             raise HTTPError("%d different Content-Length fields" % len(lengths))
         if lengths and coding:
             raise HTTPError("both Content-Length and Transfer-Encoding")
-        if self.requests and match.group(3) == "2.0":
-            self._length, self._to_eof = 0, True     # Go: no body is read; the connection closes
-            return
-        if self.requests and match.group(3) == "1.1" and not fields.get("host"):
-            raise HTTPError("no Host field", "400 Bad Request: missing required Host header")
-        if self.requests and len(fields.get("host", ())) > 1:
-            raise HTTPError("more than one Host field")
+        if coding and coding != ["chunked"]:
+            raise HTTPError("a transfer coding other than chunked", "501 Not Implemented")
+        if self.requests:
+            # Go's order: the HTTP/2 preface, Host fields, framing, version, Host, names.
+            method, target, version = match.groups()
+            preface = (method, target, version) == ("PRI", "*", "2.0")
+            if len(fields.get("host", ())) > 1:
+                raise HTTPError("more than one Host field")
+            if preface:
+                if self._fault is not None:
+                    raise self._fault
+                self._length, self._to_eof = 0, True   # no body is read; the connection closes
+                return
+        if self.requests:
+            version = match.group(3)
+            if version[0] != "1":
+                raise HTTPError("HTTP/%s" % version,
+                                "505 HTTP Version Not Supported: unsupported protocol version")
+            if version != "1.0" and not fields.get("host"):
+                raise HTTPError("no Host field", "400 Bad Request: missing required Host header")
+            if self._fault is not None:
+                raise self._fault
         if coding:
-            if coding != ["chunked"]:
-                raise HTTPError("a transfer coding other than chunked", "501 Not Implemented")
             self._chunked = True
         elif lengths:
             if not lengths[0].isdigit() or len(lengths[0]) > 12:
@@ -449,9 +493,11 @@ def go_options(close=False, date=None, version="1.1"):
 
 
 def go_bad_message(status):
-    """What Go's server writes for a request it cannot parse, then closes."""
+    """What Go's server writes for a request it cannot parse, then closes: the status
+    again as the body, but for a transfer coding it does not know."""
+    body = "Unsupported transfer encoding" if status.startswith("501") else status
     return ("HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n%s"
-            % (status, status)).encode("latin-1")
+            % (status, body)).encode("latin-1")
 
 
 def clean_path(target):

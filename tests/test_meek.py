@@ -78,6 +78,9 @@ def test_every_split_reads_the_same_messages(sizes):
     (b"POST / HTTP/1.1\r\nHost: b\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", "400 Bad Request"),
     (b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", "400 Bad Request: missing required Host header"),
     (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "400 Bad Request"),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nX Y: b\r\n\r\n", "400 Bad Request: invalid header name"),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nX: \x01\r\n\r\n", "400 Bad Request: invalid header value"),
+    (b"GET / HTTP/3.0\r\nHost: a\r\n\r\n", "505 HTTP Version Not Supported: unsupported protocol version"),
     (b"POST / HTTP/1.1\r\nHost: b\r\nTransfer-Encoding: gzip\r\n\r\n", "501 Not Implemented"),
     (b"POST / HTTP/1.1\r\nHost: b\r\nTransfer-Encoding: chunked\r\n\r\n10001\r\n",
      "413 Request Entity Too Large"),
@@ -87,6 +90,9 @@ def test_every_split_reads_the_same_messages(sizes):
      "431 Request Header Fields Too Large"),
     (b"\x16\x03\x01\x00\x10garbage\r\n\r\n", "400 Bad Request"),
     (b"GET / SPDY/3\r\n\r\n", "400 Bad Request"),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nno colon\r\n\r\n", "400 Bad Request"),
+    (b"GET / HTTP/1.1\r\nHost : a\r\n\r\n", "400 Bad Request: missing required Host header"),
+    (b"GET / HTTP/1.1\r\n folded\r\nHost: a\r\n\r\n", "400 Bad Request"),
 ])
 def test_what_the_reader_refuses_and_the_status_it_names(data, status):
     reader = meek.MessageReader(requests=True)
@@ -119,6 +125,8 @@ def test_requests_are_read_as_go_reads_them():
     reader = meek.MessageReader(requests=True)
     reader.feed(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40)
     assert reader.next() is None
+    folded = request(b"GET / HTTP/1.2\r\nHost: b\r\nX: a\r\n\tb\r\n: skipped\r\n\r\n")
+    assert (folded.version, folded.keep_alive, folded.fields) == ("1.2", True, {"host": ["b"], "x": ["a b"]})
     preface = request(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
     assert (preface.method, preface.target, preface.version, preface.keep_alive) == \
         ("PRI", "*", "2.0", False)
