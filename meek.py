@@ -141,8 +141,7 @@ def new_session_id(random=os.urandom):
 
 # --- HTTP messages, sans-IO -------------------------------------------------------------
 
-_REQUEST_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) HTTP/(1\.[01])\Z")
-_SERVED_REQUEST_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) HTTP/(\d\.\d)\Z")
+_REQUEST_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) HTTP/(\d\.\d)\Z")
 _HEAD_END = re.compile(rb"\n\r?\n")
 _FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _BAD_FIELD_BYTE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -268,11 +267,10 @@ class MessageReader:
             return False
         if self.requests:
             return self._read_request_head()
-        if not self.requests:
-            while buffer[:2] == b"\r\n":   # a blank line between messages is tolerated
-                del buffer[:2]
+        while buffer[:2] == b"\r\n":   # a blank line between responses is tolerated
+            del buffer[:2]
         try:
-            line = webtunnel.first_line(buffer, _NOT_REQUEST_LINE if self.requests else _NOT_STATUS_LINE)
+            line = webtunnel.first_line(buffer, _NOT_STATUS_LINE)
             if line is None:
                 return False
             head = webtunnel.split_head(buffer, max(self._scanned, len(line)))
@@ -282,13 +280,10 @@ class MessageReader:
             lines, _ = head
             fields = webtunnel.parse_fields(lines)
         except webtunnel.HeadError as exc:
-            too_long = "longer than" in str(exc) or "no line end" in str(exc)
-            raise HTTPError("not HTTP (%s)" % exc, "431 Request Header Fields Too Large"
-                            if too_long and self.requests else "400 Bad Request")
-        match = (_REQUEST_LINE if self.requests else _STATUS_LINE).match(line)
+            raise HTTPError("not HTTP (%s)" % exc)
+        match = _STATUS_LINE.match(line)
         if match is None:
-            raise HTTPError("not an HTTP/1.x %s line: %r" % ("request" if self.requests else "status",
-                                                               line[:100]))
+            raise HTTPError("not an HTTP/1.x status line: %r" % line[:100])
         del buffer[:buffer.find(b"\r\n\r\n") + 4]
         self._framing(match, fields)
         self._head = (match, fields)
@@ -313,7 +308,7 @@ class MessageReader:
                 raise webtunnel.HeadError("a byte that is not visible ASCII in the request line")
         except webtunnel.HeadError:
             raise HTTPError("not HTTP (a byte that is not visible ASCII in the request line)")
-        match = _SERVED_REQUEST_LINE.match(text[0])
+        match = _REQUEST_LINE.match(text[0])
         if match is None:
             raise HTTPError("not an HTTP request line")
         fields, self._fault = _request_fields(text[1:])
