@@ -89,6 +89,8 @@ MAX_DIALS = 64                # new sessions dialling Tor at once (each on a sho
 MAX_HEAD = webtunnel.MAX_HEAD  # a response head (the client's reader), terminator included
 MAX_REQUEST_HEAD = (1 << 20) + 4096  # a request head: Go's DefaultMaxHeaderBytes and its slack
 MAX_REQUEST_BODY = MAX_PAYLOAD + 1   # upstream reads a body through MaxBytesReader(64 KiB + 1)
+HEAD_BUDGET = 64 << 20       # bytes of request heads past MAX_HEAD, one listener's connections
+                              # together; past it a long head is answered 431 (Go: no such limit)
 CHUNK_OVER = 2048             # Go's server chunks a body it has not seen end within this many bytes
 FORWARDED_PORT = 1            # the port upstream gives the client address it reports to Tor
 
@@ -241,6 +243,16 @@ class MessageReader:
     def idle(self):
         """Nothing of a next message has come yet."""
         return not self._buffer and self._head is None
+
+    @property
+    def buffered(self):
+        """Bytes held that no message has taken yet (a head still coming, at most)."""
+        return len(self._buffer)
+
+    def drop(self):
+        """Forget every byte held (the connection is being refused)."""
+        self._buffer = bytearray()
+        self._reset()
 
     def next(self):
         if self._head is None and not self._read_head():
@@ -992,6 +1004,7 @@ class Sessions:
         self.lock = threading.Lock()
         self.by_id = {}
         self.dialling = 0           # sessions whose thread dials Tor right now
+        self.long_heads = 0         # bytes past MAX_HEAD that connections' heads hold (HEAD_BUDGET)
         self._said = {}
 
     def warn(self, kind, message, *args):
@@ -1179,6 +1192,8 @@ class ServerConnection(_Owned):
         self.peer_eof = False
         self.until = None
         self.read_until = time.monotonic() + READ_TIMEOUT
+        self.charged = 0             # this connection's share of Sessions.long_heads
+        self.head_refused = False
         if first:
             self.reader.feed(first)
 
@@ -1235,7 +1250,21 @@ class ServerConnection(_Owned):
                     owed = self.transport.data_to_send()
                     if owed:
                         self._queue(owed)
+                    if not self._charge():
+                        self.head_refused = True
+                        self.reader.drop()
         self._advance(bool(ready))
+        self._charge()
+
+    def _charge(self):
+        """Keep this connection's bytes past MAX_HEAD counted in the listener's total;
+        False when the total is past HEAD_BUDGET (many long heads at once: a flood)."""
+        table = self.config.sessions
+        over = max(0, self.reader.buffered - MAX_HEAD)
+        with table.lock:
+            table.long_heads += over - self.charged
+            self.charged = over
+            return not over or table.long_heads <= HEAD_BUDGET
 
     def _queue(self, data):
         self.out = memoryview(bytes(self.out) + data) if self.out else memoryview(data)
@@ -1256,6 +1285,13 @@ class ServerConnection(_Owned):
                 if self.peer_eof or now >= self.until:
                     self.finished = True
                 return
+            if self.state == READ_REQUEST and self.head_refused:
+                self.head_refused = False
+                table = self.config.sessions
+                table.warn("heads", "meek: refusing a long request head: %d bytes of long heads held "
+                           "at once (at most %d)", table.long_heads, HEAD_BUDGET)
+                self._respond(go_bad_message("431 Request Header Fields Too Large"), close=True)
+                continue
             if self.state == READ_REQUEST:
                 try:
                     request = self.reader.next()
@@ -1429,10 +1465,13 @@ class ServerConnection(_Owned):
         return False
 
     def ended(self):
-        """The listener ends the connection: a session it waited on lets it go."""
+        """The listener ends the connection: a session it waited on lets it go, and its
+        held head bytes leave the listener's count."""
         if self.session is not None:
             self.session.done_with(self)
             self.session = None
+        self.reader.drop()
+        self._charge()
 
     def close(self):
         self.ended()
