@@ -132,6 +132,17 @@ def test_requests_are_read_as_go_reads_them():
         ("PRI", "*", "2.0", False)
 
 
+def test_the_reader_says_what_it_holds_and_can_drop_it():
+    """What the server counts against its budget for long heads: the bytes held."""
+    reader = meek.MessageReader(requests=True)
+    reader.feed(b"GET / HTTP/1.1\r\nHost: b\r\nX: " + b"a" * 50000)
+    assert reader.next() is None and reader.buffered == 28 + 50000
+    reader.drop()
+    assert reader.buffered == 0 and reader.idle
+    reader.feed(b"GET / HTTP/1.1\r\nHost: b\r\n\r\nGET")
+    assert reader.next().method == "GET" and reader.buffered == 3
+
+
 def test_go_writes_connection_close_last_and_chunks_a_large_body():
     small = meek.go_response(200, b"abc", content_type=meek.OCTETS, close=True, date=0)
     assert small == (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
