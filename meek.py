@@ -36,7 +36,11 @@ The protocol (upstream meek 0.37 and obfs4proxy's meek_lite, read as facts)
   ORPort connection. ``GET /`` answers a small plain page; any other GET a 404,
   any other method and a POST without a valid session id a 400, a session that
   cannot reach Tor a 500, each with Go's ``net/http`` words and fields
-  (``go_response``), since meek-server is a Go program facing the front.
+  (``go_response``), since meek-server is a Go program facing the front. The
+  server reads requests as ``net/http`` does too (``MessageReader``: bare LF,
+  heads up to 1 MiB + 4 KiB, ``OPTIONS *``, the HTTP/2 preface, a body over
+  64 KiB + 1 answered with an empty 200) and closes a connection that sends no
+  whole request within ``READ_TIMEOUT`` (20 s).
   The client's address for Tor's Extended ORPort is the first element of
   ``Meek-IP`` or ``X-Forwarded-For``, else the TCP peer, with port 1.
 
@@ -82,7 +86,12 @@ POLL_MAX = 5.0
 POLL_MULTIPLIER = 1.5
 MAX_SESSIONS = 4096           # sessions one server keeps at once (server option max-sessions=)
 MAX_DIALS = 64                # new sessions dialling Tor at once (each on a short thread)
-MAX_HEAD = webtunnel.MAX_HEAD  # a request or response head, terminator included
+MAX_HEAD = webtunnel.MAX_HEAD  # a response head (the client's reader), terminator included
+MAX_REQUEST_HEAD = (1 << 20) + 4096  # a request head: Go's DefaultMaxHeaderBytes and its slack
+MAX_REQUEST_BODY = MAX_PAYLOAD + 1   # upstream reads a body through MaxBytesReader(64 KiB + 1)
+HEAD_BUDGET = 64 << 20       # bytes of request heads past MAX_HEAD, one listener's connections
+                              # together; past it a long head is answered 431 (Go: no such limit)
+CHUNK_OVER = 2048             # Go's server chunks a body it has not seen end within this many bytes
 FORWARDED_PORT = 1            # the port upstream gives the client address it reports to Tor
 
 COVER_PAGE = "I\u2019m just a happy little web server.\n".encode("utf-8")
@@ -134,7 +143,10 @@ def new_session_id(random=os.urandom):
 
 # --- HTTP messages, sans-IO -------------------------------------------------------------
 
-_REQUEST_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) HTTP/(1\.[01])\Z")
+_REQUEST_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) HTTP/(\d\.\d)\Z")
+_HEAD_END = re.compile(rb"\n\r?\n")
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_BAD_FIELD_BYTE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _STATUS_LINE = re.compile(r"HTTP/(1\.[01]) (\d\d\d)(?: (.*))?\Z")
 _NOT_REQUEST_LINE = re.compile(rb"[^\x20-\x7e]")
 _NOT_STATUS_LINE = re.compile(rb"[^\x09\x20-\x7e\x80-\xff]")
@@ -154,11 +166,53 @@ class HTTPError(Exception):
         self.status = status
 
 
+class BodyTooLarge(HTTPError):
+    """A request body over the reader's ``max_body``: Go's server answers it (meek-server
+    reads bodies through MaxBytesReader) with an empty 200 and closes. ``version``: the
+    request's HTTP version."""
+
+    def __init__(self, message, version):
+        HTTPError.__init__(self, message, "413 Request Entity Too Large")
+        self.version = version
+
+
+def _request_fields(lines):
+    """({lower-case name: [values]}, the HTTPError Go's server gives for a bad name or
+    value, or None) of a request's header lines, judged as Go's net/http judges them: a
+    line without a colon is refused at once; a folded line continues the one before; an
+    empty name is skipped; a bad name or value is refused only after the Host check,
+    which comes first there. No error quotes a line (a session id, a secret path)."""
+    fields, fault, last = {}, None, None
+    for line in lines:
+        if line[:1] in (" ", "\t"):
+            if last is None:
+                raise HTTPError("a folded first header line")
+            values = fields[last]
+            values[-1] = (values[-1] + " " + line.strip(" \t")).strip(" \t")
+            continue
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise HTTPError("a header line without a colon")
+        if not name:
+            continue
+        if fault is None and not _FIELD_NAME.match(name):
+            fault = HTTPError("a bad header name", "400 Bad Request: invalid header name")
+        if fault is None and _BAD_FIELD_BYTE.search(value):
+            fault = HTTPError("a bad header value", "400 Bad Request: invalid header value")
+        last = name.lower()
+        fields.setdefault(last, []).append(value.strip(" \t"))
+    return fields, fault
+
+
 class MessageReader:
     """HTTP/1.x messages from bytes as they come, one after another on a keep-alive
     connection: requests (``requests=True``, a server) or responses. Bodies by
     Content-Length or chunked, at most ``max_body`` bytes (``HTTPError`` beyond:
-    "413"). A response without either is read to the end of the stream (``eof()``).
+    "413", ``BodyTooLarge`` for a request). A response without either is read to the
+    end of the stream (``eof()``). A request head is read as Go's net/http reads it
+    (meek-server faces the front): lines may end in a bare LF, the head may be up to
+    ``MAX_REQUEST_HEAD`` bytes, and ``PRI * HTTP/2.0`` is a request (without a body,
+    the connection closing after it).
     ``feed(data)``, then ``next()`` -> a Message or None (more bytes needed).
     Every byte is scanned a bounded number of times however the input is split."""
 
@@ -176,6 +230,7 @@ class MessageReader:
         self._body = bytearray()
         self._chunk_left = None      # chunked: bytes of the current chunk still to come
         self._to_eof = False
+        self._fault = None           # a request's bad header, refused after the Host check
 
     def feed(self, data):
         self._buffer += data
@@ -188,6 +243,16 @@ class MessageReader:
     def idle(self):
         """Nothing of a next message has come yet."""
         return not self._buffer and self._head is None
+
+    @property
+    def buffered(self):
+        """Bytes held that no message has taken yet (a head still coming, at most)."""
+        return len(self._buffer)
+
+    def drop(self):
+        """Forget every byte held (the connection is being refused)."""
+        self._buffer = bytearray()
+        self._reset()
 
     def next(self):
         if self._head is None and not self._read_head():
@@ -212,11 +277,12 @@ class MessageReader:
         buffer = self._buffer
         if not buffer:
             return False
-        if not self.requests:
-            while buffer[:2] == b"\r\n":   # a blank line between messages is tolerated
-                del buffer[:2]
+        if self.requests:
+            return self._read_request_head()
+        while buffer[:2] == b"\r\n":   # a blank line between responses is tolerated
+            del buffer[:2]
         try:
-            line = webtunnel.first_line(buffer, _NOT_REQUEST_LINE if self.requests else _NOT_STATUS_LINE)
+            line = webtunnel.first_line(buffer, _NOT_STATUS_LINE)
             if line is None:
                 return False
             head = webtunnel.split_head(buffer, max(self._scanned, len(line)))
@@ -226,14 +292,40 @@ class MessageReader:
             lines, _ = head
             fields = webtunnel.parse_fields(lines)
         except webtunnel.HeadError as exc:
-            too_long = "longer than" in str(exc) or "no line end" in str(exc)
-            raise HTTPError("not HTTP (%s)" % exc, "431 Request Header Fields Too Large"
-                            if too_long and self.requests else "400 Bad Request")
-        match = (_REQUEST_LINE if self.requests else _STATUS_LINE).match(line)
+            raise HTTPError("not HTTP (%s)" % exc)
+        match = _STATUS_LINE.match(line)
         if match is None:
-            raise HTTPError("not an HTTP/1.x %s line: %r" % ("request" if self.requests else "status",
-                                                               line[:100]))
+            raise HTTPError("not an HTTP/1.x status line: %r" % line[:100])
         del buffer[:buffer.find(b"\r\n\r\n") + 4]
+        self._framing(match, fields)
+        self._head = (match, fields)
+        return True
+
+    def _read_request_head(self):
+        """Go's way: wait for the blank line (CR LF or bare LF), up to MAX_REQUEST_HEAD
+        bytes; only then judge the lines (so bytes that are not HTTP wait, as there)."""
+        buffer = self._buffer
+        end = _HEAD_END.search(buffer, self._scanned, MAX_REQUEST_HEAD)
+        if end is None:
+            if len(buffer) >= MAX_REQUEST_HEAD:
+                raise HTTPError("a head longer than %d bytes" % MAX_REQUEST_HEAD,
+                                "431 Request Header Fields Too Large")
+            self._scanned = max(0, len(buffer) - 2)
+            return False
+        lines = bytes(buffer[:end.start()]).split(b"\n")
+        lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+        try:
+            text = [line.decode("latin-1") for line in lines]
+            if _NOT_REQUEST_LINE.search(lines[0]):
+                raise webtunnel.HeadError("a byte that is not visible ASCII in the request line")
+        except webtunnel.HeadError:
+            raise HTTPError("not HTTP (a byte that is not visible ASCII in the request line)")
+        match = _REQUEST_LINE.match(text[0])
+        if match is None:
+            raise HTTPError("not an HTTP request line")
+        fields, self._fault = _request_fields(text[1:])
+        del buffer[:end.end()]
+        self._scanned = 0
         self._framing(match, fields)
         self._head = (match, fields)
         return True
@@ -246,16 +338,37 @@ class MessageReader:
             raise HTTPError("%d different Content-Length fields" % len(lengths))
         if lengths and coding:
             raise HTTPError("both Content-Length and Transfer-Encoding")
-        if self.requests and match.group(3) == "1.1" and len(fields.get("host", ())) != 1:
-            raise HTTPError("not exactly one Host field")
+        if coding and coding != ["chunked"]:
+            raise HTTPError("a transfer coding other than chunked", "501 Not Implemented")
+        if self.requests:
+            # Go's order: the HTTP/2 preface, Host fields, framing, version, Host, names.
+            method, target, version = match.groups()
+            preface = (method, target, version) == ("PRI", "*", "2.0")
+            if len(fields.get("host", ())) > 1:
+                raise HTTPError("more than one Host field")
+            if preface:
+                if self._fault is not None:
+                    raise self._fault
+                self._length, self._to_eof = 0, True   # no body is read; the connection closes
+                return
+        if self.requests:
+            version = match.group(3)
+            if version[0] != "1":
+                raise HTTPError("HTTP/%s" % version,
+                                "505 HTTP Version Not Supported: unsupported protocol version")
+            if version != "1.0" and not fields.get("host"):
+                raise HTTPError("no Host field", "400 Bad Request: missing required Host header")
+            if self._fault is not None:
+                raise self._fault
         if coding:
-            if coding != ["chunked"]:
-                raise HTTPError("a transfer coding other than chunked", "501 Not Implemented")
             self._chunked = True
         elif lengths:
             if not lengths[0].isdigit() or len(lengths[0]) > 12:
                 raise HTTPError("a bad Content-Length")
             self._length = int(lengths[0])
+            if self._length > self.max_body and self.requests:
+                raise BodyTooLarge("a body of %d bytes (at most %d)" % (self._length, self.max_body),
+                                   match.group(3))
             if self._length > self.max_body:
                 raise HTTPError("a body of %d bytes (at most %d)" % (self._length, self.max_body),
                                 "413 Request Entity Too Large")
@@ -291,6 +404,8 @@ class MessageReader:
                     raise HTTPError("a bad chunk-size line")
                 del buffer[:end + 2]
                 self._chunk_left = int(size.group(1), 16)
+                if len(self._body) + self._chunk_left > self.max_body and self.requests:
+                    raise BodyTooLarge("a body over %d bytes" % self.max_body, self._head[0].group(3))
                 if len(self._body) + self._chunk_left > self.max_body:
                     raise HTTPError("a body over %d bytes" % self.max_body, "413 Request Entity Too Large")
                 if self._chunk_left == 0:
@@ -324,32 +439,72 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Request Entit
 
 
 def go_response(status, body=b"", content_type=TEXT, nosniff=False, close=False, date=None,
-                head=False):
-    """A response as Go's net/http writes it (meek-server is a Go program): the
-    handler's fields sorted, then Connection, Date and Content-Length; no body after a HEAD."""
-    lines = ["HTTP/1.1 %d %s" % (status, _REASONS[status])]
+                head=False, version="1.1"):
+    """A response as Go's net/http writes it (meek-server is a Go program): the status
+    line in the request's version, the handler's fields sorted, then Date and
+    Content-Length, then ``Connection: close`` when the connection ends after it (an
+    HTTP/1.0 request's ends without one); no body after a HEAD. A body over CHUNK_OVER
+    bytes goes chunked, in one chunk, as Go's buffered writer sends one large write (to
+    an HTTP/1.0 request: no length, the connection's end ends it)."""
+    lines = ["HTTP/%s %d %s" % ("1.0" if version == "1.0" else "1.1", status, _REASONS[status])]
     if content_type:
         lines.append("Content-Type: " + content_type)
     if nosniff:
         lines.append("X-Content-Type-Options: nosniff")
-    if close:
+    if date is not None:
+        lines.append("Date: " + formatdate(date, usegmt=True))
+    body = bytes(body)
+    large = len(body) > CHUNK_OVER and not head
+    length = "Content-Length: %d" % len(body)
+    if version == "1.0":
+        lines.extend(([] if large else [length]) + ([] if close or large else ["Connection: keep-alive"]))
+    else:
+        tail = ["Connection: close"] if close else []
+        if large:
+            lines.extend(tail + ["Transfer-Encoding: chunked"])
+            body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        else:
+            lines.extend([length] + tail)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body)
+
+
+def go_error(status, text, close=False, date=None, head=False, version="1.1"):
+    """Go's http.Error: the text and a newline, plain text, nosniff."""
+    return go_response(status, (text + "\n").encode("utf-8"), nosniff=True, close=close, date=date,
+                       head=head, version=version)
+
+
+def go_body_too_large(date=None, version="1.1"):
+    """Go's answer when meek-server's handler stops at a body over MAX_REQUEST_BODY: it
+    writes nothing, so the server sends an empty 200, and closes, as MaxBytesReader
+    asks (Connection first here: the handler's map holds it)."""
+    lines = ["HTTP/%s 200 OK" % ("1.0" if version == "1.0" else "1.1")]
+    if version != "1.0":
         lines.append("Connection: close")
     if date is not None:
         lines.append("Date: " + formatdate(date, usegmt=True))
-    lines.append("Content-Length: %d" % len(body))
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else bytes(body))
+    lines.append("Content-Length: 0")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def go_error(status, text, close=False, date=None, head=False):
-    """Go's http.Error: the text and a newline, plain text, nosniff."""
-    return go_response(status, (text + "\n").encode("utf-8"), nosniff=True, close=close, date=date,
-                       head=head)
+def go_options(close=False, date=None, version="1.1"):
+    """Go's answer to ``OPTIONS *`` (its own handler, before meek-server's)."""
+    lines = ["HTTP/%s 200 OK" % ("1.0" if version == "1.0" else "1.1"), "Content-Length: 0"]
+    if date is not None:
+        lines.append("Date: " + formatdate(date, usegmt=True))
+    if close and version != "1.0":
+        lines.append("Connection: close")
+    elif not close and version == "1.0":
+        lines.append("Connection: keep-alive")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 def go_bad_message(status):
-    """What Go's server writes for a request it cannot parse, then closes."""
+    """What Go's server writes for a request it cannot parse, then closes: the status
+    again as the body, but for a transfer coding it does not know."""
+    body = "Unsupported transfer encoding" if status.startswith("501") else status
     return ("HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n%s"
-            % (status, status)).encode("latin-1")
+            % (status, body)).encode("latin-1")
 
 
 def clean_path(target):
@@ -368,12 +523,15 @@ def answer(request, date=None):
     """The server's answer to a request that is not a meek POST (bytes), or None for
     a POST whose session id is acceptable (the caller then serves the session)."""
     head, close = request.method == "HEAD", not request.keep_alive
+    version = request.version
+    if request.method == "OPTIONS" and request.target == "*":
+        return go_options(close=close, date=date, version=version)
     if request.method == "GET":
         if clean_path(request.target) == "/":
-            return go_response(200, COVER_PAGE, date=date, close=close)
-        return go_error(404, "404 page not found", date=date, close=close)
+            return go_response(200, COVER_PAGE, date=date, close=close, version=version)
+        return go_error(404, "404 page not found", date=date, close=close, version=version)
     if request.method != "POST" or len(session_id_of(request)) < MIN_SESSION_ID:
-        return go_error(400, "Bad request.", date=date, head=head, close=close)
+        return go_error(400, "Bad request.", date=date, head=head, close=close, version=version)
     return None
 
 
@@ -796,6 +954,7 @@ class MeekLite(Meek):
 
 import logging  # noqa: E402  (the I/O half of the module)
 import selectors  # noqa: E402
+import socket  # noqa: E402
 import threading  # noqa: E402
 from collections import deque  # noqa: E402
 
@@ -845,6 +1004,7 @@ class Sessions:
         self.lock = threading.Lock()
         self.by_id = {}
         self.dialling = 0           # sessions whose thread dials Tor right now
+        self.long_heads = 0         # bytes past MAX_HEAD that connections' heads hold (HEAD_BUDGET)
         self._said = {}
 
     def warn(self, kind, message, *args):
@@ -1000,6 +1160,12 @@ class Session(_Owned):
 
 READ_REQUEST, DIALING, QUEUED, FORWARD, TURNAROUND_STATE, WRITE_RESPONSE, CLOSED = (
     "READ_REQUEST", "DIALING", "QUEUED", "FORWARD", "TURNAROUND", "WRITE_RESPONSE", "CLOSED")
+LINGER = "LINGER"
+READ_TIMEOUT = 20.0  # seconds: meek-server's ReadTimeout (and so IdleTimeout): for a whole
+                     # request from its first bytes, and between an answer and the next
+                     # request's first bytes; then the connection closes, unanswered
+LINGER_TIME = 0.5   # seconds: after the last response, the write side shut, what comes is read
+                    # and dropped (Go's closeWriteAndWait), so that unread bytes cause no RST
 
 
 class ServerConnection(_Owned):
@@ -1017,7 +1183,7 @@ class ServerConnection(_Owned):
         self.upstream = self.downstream = conn
         self.registered = {conn: 0}
         self.up, self.down = _Count(), _Count()
-        self.reader = MessageReader(requests=True)
+        self.reader = MessageReader(requests=True, max_body=MAX_REQUEST_BODY)
         self.state = READ_REQUEST
         self.session = None
         self.request = None
@@ -1025,6 +1191,9 @@ class ServerConnection(_Owned):
         self.close_after = False
         self.peer_eof = False
         self.until = None
+        self.read_until = time.monotonic() + READ_TIMEOUT
+        self.charged = 0             # this connection's share of Sessions.long_heads
+        self.head_refused = False
         if first:
             self.reader.feed(first)
 
@@ -1041,20 +1210,29 @@ class ServerConnection(_Owned):
         events = 0
         if self.out:
             events = WRITE
-        elif self.state == READ_REQUEST and not self.peer_eof:
+        elif self.state in (READ_REQUEST, LINGER) and not self.peer_eof:
             events = READ
         timeout = None
         if self.pending_start:
             timeout = 0.0
-        elif self.state == TURNAROUND_STATE and self.until is not None:
+        elif self.state in (TURNAROUND_STATE, LINGER) and self.until is not None:
             timeout = max(0.0, self.until - time.monotonic())
         elif self.state == DIALING:
             timeout = self.settings.handshake_timeout
+        elif self.state == READ_REQUEST:
+            timeout = max(0.0, self.read_until - time.monotonic())
         return {conn: events}, timeout
 
     def handle(self, ready, share=CHUNK):
         self.pending_start = False
         for sock, events in ready:
+            if events & READ and self.state == LINGER:
+                try:
+                    if sock.recv(CHUNK) == b"":
+                        self.peer_eof = True
+                except BlockingIOError:
+                    pass
+                continue
             if events & READ and self.state == READ_REQUEST:
                 try:
                     data = sock.recv(CHUNK)
@@ -1063,13 +1241,30 @@ class ServerConnection(_Owned):
                 if data == b"":
                     self.peer_eof = True
                 elif data:
-                    self.reader.feed(self.transport.unwrap(data))
+                    plain = self.transport.unwrap(data)
+                    if plain and self.reader.idle:     # a next request begins: its ReadTimeout
+                        self.read_until = time.monotonic() + READ_TIMEOUT
+                    self.reader.feed(plain)
                     if self.transport.peer_ended:
                         self.peer_eof = True
                     owed = self.transport.data_to_send()
                     if owed:
                         self._queue(owed)
+                    if not self._charge():
+                        self.head_refused = True
+                        self.reader.drop()
         self._advance(bool(ready))
+        self._charge()
+
+    def _charge(self):
+        """Keep this connection's bytes past MAX_HEAD counted in the listener's total;
+        False when the total is past HEAD_BUDGET (many long heads at once: a flood)."""
+        table = self.config.sessions
+        over = max(0, self.reader.buffered - MAX_HEAD)
+        with table.lock:
+            table.long_heads += over - self.charged
+            self.charged = over
+            return not over or table.long_heads <= HEAD_BUDGET
 
     def _queue(self, data):
         self.out = memoryview(bytes(self.out) + data) if self.out else memoryview(data)
@@ -1082,18 +1277,37 @@ class ServerConnection(_Owned):
                     return
             if self.state == WRITE_RESPONSE:
                 if self.close_after:
-                    self.finished = True
-                    return
+                    self._linger()
+                    continue
                 self.state = READ_REQUEST
+                self.read_until = now + READ_TIMEOUT
+            if self.state == LINGER:
+                if self.peer_eof or now >= self.until:
+                    self.finished = True
+                return
+            if self.state == READ_REQUEST and self.head_refused:
+                self.head_refused = False
+                table = self.config.sessions
+                table.warn("heads", "meek: refusing a long request head: %d bytes of long heads held "
+                           "at once (at most %d)", table.long_heads, HEAD_BUDGET)
+                self._respond(go_bad_message("431 Request Header Fields Too Large"), close=True)
+                continue
             if self.state == READ_REQUEST:
                 try:
                     request = self.reader.next()
+                except BodyTooLarge as exc:
+                    log.info("meek: a request we cannot take (%s): answered 200, empty", exc)
+                    self._respond(go_body_too_large(self._date(), exc.version), close=True)
+                    continue
                 except HTTPError as exc:
                     log.info("meek: a request we cannot take (%s): answered %s", exc, exc.status)
                     self._respond(go_bad_message(exc.status), close=True)
                     continue
                 if request is None:
                     if self.peer_eof:
+                        self.finished = True
+                    elif now >= self.read_until:
+                        log.info("meek: no whole request within %.0f s: closed", READ_TIMEOUT)
                         self.finished = True
                     return
                 self._begin(request)
@@ -1144,14 +1358,29 @@ class ServerConnection(_Owned):
                     session.done_with(self)
                     session.end()
                     self._respond(go_error(500, "Internal server error.", date=self._date(),
-                                       close=not self.request_keep_alive))
+                                       close=not self.request_keep_alive,
+                                   version=self.request.version))
                     continue
                 self.up.count += len(data or b"")     # from Tor (a Relay's up direction)
                 session.done_with(self)
-                self._respond(go_response(200, data or b"", content_type=OCTETS, date=self._date(),
-                                          close=not self.request_keep_alive))
+                data = data or b""
+                version = self.request.version
+                self._respond(go_response(200, data, content_type=OCTETS, date=self._date(),
+                                          close=not self.request_keep_alive, version=version),
+                              close=version == "1.0" and len(data) > CHUNK_OVER)
                 continue
             return
+
+    def _linger(self):
+        """The last response has gone: shut the write side and read what still comes
+        for LINGER_TIME (a peer that sent more than was read then sees the answer and a
+        FIN, not a reset)."""
+        self.state = LINGER
+        self.until = time.monotonic() + LINGER_TIME
+        try:
+            self.downstream.shutdown(socket.SHUT_WR)
+        except OSError:
+            self.finished = True
 
     def _date(self):
         clock = self.config.clock
@@ -1193,7 +1422,8 @@ class ServerConnection(_Owned):
                 table.warn("busy", "meek: refusing a new session: %d new sessions are dialling Tor "
                            "already", MAX_DIALS)
             self._respond(go_error(500, "Internal server error.", date=self._date(),
-                                       close=not self.request_keep_alive))
+                                       close=not self.request_keep_alive,
+                                   version=self.request.version))
             return
         self.session = session
         session.waiters.append(self)
@@ -1220,7 +1450,8 @@ class ServerConnection(_Owned):
         if session is not None:
             session.done_with(self)
         self._respond(go_error(500, "Internal server error.", date=self._date(),
-                                       close=not self.request_keep_alive))
+                                       close=not self.request_keep_alive,
+                                   version=self.request.version))
 
     def _write(self):
         try:
@@ -1234,10 +1465,13 @@ class ServerConnection(_Owned):
         return False
 
     def ended(self):
-        """The listener ends the connection: a session it waited on lets it go."""
+        """The listener ends the connection: a session it waited on lets it go, and its
+        held head bytes leave the listener's count."""
         if self.session is not None:
             self.session.done_with(self)
             self.session = None
+        self.reader.drop()
+        self._charge()
 
     def close(self):
         self.ended()

@@ -75,6 +75,7 @@ MEEK_SERVER_BLOCK = """\
 upstream meek_bridge {{
     server {backend};
     keepalive 32;                   # idle keep-alive connections kept to the bridge
+    keepalive_timeout 15s;          # under the bridge's 20 s (Go's): nginx lets go first
 }}
 server {{
     listen {listen} ssl;

@@ -76,14 +76,23 @@ def test_every_split_reads_the_same_messages(sizes):
     (b"POST / HTTP/1.1\r\nHost: b\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
      "400 Bad Request"),
     (b"POST / HTTP/1.1\r\nHost: b\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", "400 Bad Request"),
-    (b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", "400 Bad Request"),
+    (b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", "400 Bad Request: missing required Host header"),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "400 Bad Request"),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nX Y: b\r\n\r\n", "400 Bad Request: invalid header name"),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nX: \x01\r\n\r\n", "400 Bad Request: invalid header value"),
+    (b"GET / HTTP/3.0\r\nHost: a\r\n\r\n", "505 HTTP Version Not Supported: unsupported protocol version"),
     (b"POST / HTTP/1.1\r\nHost: b\r\nTransfer-Encoding: gzip\r\n\r\n", "501 Not Implemented"),
     (b"POST / HTTP/1.1\r\nHost: b\r\nTransfer-Encoding: chunked\r\n\r\n10001\r\n",
      "413 Request Entity Too Large"),
-    (b"POST / HTTP/1.1\r\nHost: b\r\nX: " + b"y" * 20000 + b"\r\n\r\n",
+    (b"POST / HTTP/1.1\r\nHost: b\r\nX: " + b"y" * meek.MAX_REQUEST_HEAD + b"\r\n\r\n",
+     "431 Request Header Fields Too Large"),
+    (b"GET / HTTP/1.1\r\nHost: b\r\nX: " + b"y" * meek.MAX_REQUEST_HEAD,
      "431 Request Header Fields Too Large"),
     (b"\x16\x03\x01\x00\x10garbage\r\n\r\n", "400 Bad Request"),
     (b"GET / SPDY/3\r\n\r\n", "400 Bad Request"),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nno colon\r\n\r\n", "400 Bad Request"),
+    (b"GET / HTTP/1.1\r\nHost : a\r\n\r\n", "400 Bad Request: missing required Host header"),
+    (b"GET / HTTP/1.1\r\n folded\r\nHost: a\r\n\r\n", "400 Bad Request"),
 ])
 def test_what_the_reader_refuses_and_the_status_it_names(data, status):
     reader = meek.MessageReader(requests=True)
@@ -91,6 +100,67 @@ def test_what_the_reader_refuses_and_the_status_it_names(data, status):
     with pytest.raises(meek.HTTPError) as error:
         reader.next()
     assert error.value.status == status
+
+
+def test_a_body_over_the_limit_is_its_own_error_with_the_version():
+    for data in (b"POST / HTTP/1.1\r\nHost: b\r\nContent-Length: 65538\r\n\r\n",
+                 b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n10002\r\n"):
+        reader = meek.MessageReader(requests=True, max_body=meek.MAX_REQUEST_BODY)
+        reader.feed(data)
+        with pytest.raises(meek.BodyTooLarge) as error:
+            reader.next()
+        assert error.value.version == data.split(b"\r\n")[0][-3:].decode()
+    reader = meek.MessageReader(requests=True, max_body=meek.MAX_REQUEST_BODY)
+    reader.feed(b"POST / HTTP/1.1\r\nHost: b\r\nContent-Length: 65537\r\n\r\n" + b"x" * 65537)
+    assert len(reader.next().body) == 65537
+
+
+def test_requests_are_read_as_go_reads_them():
+    """Bare LF line ends, a head of 1 MiB, bytes without a line end waiting for more,
+    and the HTTP/2 preface as a request without a body that ends the connection."""
+    assert read_all(b"GET / HTTP/1.1\nHost: b\nConnection: close\n\n", True, lambda n: n) == \
+        [("GET", None, b"", False)]
+    big = b"GET / HTTP/1.1\r\nHost: b\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
+    assert read_all(big, True, lambda n: 65536) == [("GET", None, b"", True)]
+    reader = meek.MessageReader(requests=True)
+    reader.feed(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40)
+    assert reader.next() is None
+    folded = request(b"GET / HTTP/1.2\r\nHost: b\r\nX: a\r\n\tb\r\n: skipped\r\n\r\n")
+    assert (folded.version, folded.keep_alive, folded.fields) == ("1.2", True, {"host": ["b"], "x": ["a b"]})
+    preface = request(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    assert (preface.method, preface.target, preface.version, preface.keep_alive) == \
+        ("PRI", "*", "2.0", False)
+
+
+def test_the_reader_says_what_it_holds_and_can_drop_it():
+    """What the server counts against its budget for long heads: the bytes held."""
+    reader = meek.MessageReader(requests=True)
+    reader.feed(b"GET / HTTP/1.1\r\nHost: b\r\nX: " + b"a" * 50000)
+    assert reader.next() is None and reader.buffered == 28 + 50000
+    reader.drop()
+    assert reader.buffered == 0 and reader.idle
+    reader.feed(b"GET / HTTP/1.1\r\nHost: b\r\n\r\nGET")
+    assert reader.next().method == "GET" and reader.buffered == 3
+
+
+def test_go_writes_connection_close_last_and_chunks_a_large_body():
+    small = meek.go_response(200, b"abc", content_type=meek.OCTETS, close=True, date=0)
+    assert small == (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                     b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\nContent-Length: 3\r\n"
+                     b"Connection: close\r\n\r\nabc")
+    body = bytes(range(256)) * 9
+    large = meek.go_response(200, body, content_type=meek.OCTETS, close=True, date=0)
+    assert large == (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                     b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\nConnection: close\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n900\r\n" + body + b"\r\n0\r\n\r\n")
+    assert read_all(large, False, lambda n: n) == [(None, 200, body, False)]
+    assert len(meek.go_response(200, b"x" * 2048)) < len(meek.go_response(200, b"x" * 2049))
+    assert b"Content-Length: 2048\r\n" in meek.go_response(200, b"x" * 2048)
+    old = meek.go_response(200, b"abc", close=True, version="1.0")
+    assert old.startswith(b"HTTP/1.0 200 OK\r\n") and b"Connection" not in old
+    assert meek.go_body_too_large(date=0) == (b"HTTP/1.1 200 OK\r\nConnection: close\r\n"
+                                              b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\n"
+                                              b"Content-Length: 0\r\n\r\n")
 
 
 def test_http_1_0_and_connection_close_end_keep_alive():
@@ -122,7 +192,10 @@ def request(text):
     (b"GET /?q=1 HTTP/1.1\r\nHost: b\r\n\r\n", b"HTTP/1.1 200 OK"),
     (b"GET /meek/ HTTP/1.1\r\nHost: b\r\n\r\n", b"HTTP/1.1 404 Not Found"),
     (b"HEAD / HTTP/1.1\r\nHost: b\r\n\r\n", b"HTTP/1.1 400 Bad Request"),
-    (b"OPTIONS * HTTP/1.1\r\nHost: b\r\n\r\n", b"HTTP/1.1 400 Bad Request"),
+    (b"OPTIONS * HTTP/1.1\r\nHost: b\r\n\r\n", b"HTTP/1.1 200 OK"),
+    (b"OPTIONS / HTTP/1.1\r\nHost: b\r\n\r\n", b"HTTP/1.1 400 Bad Request"),
+    (b"PRI * HTTP/2.0\r\n\r\n", b"HTTP/1.1 400 Bad Request"),
+    (b"GET / HTTP/1.0\r\n\r\n", b"HTTP/1.0 200 OK"),
     (b"POST / HTTP/1.1\r\nHost: b\r\nX-Session-Id: 1234567\r\n\r\n", b"HTTP/1.1 400 Bad Request"),
 ])
 def test_go_s_answers(text, first_line):

@@ -40,6 +40,8 @@ from support import (
     socks5_connect,
 )
 
+import meek
+
 PATH = "/meek/"
 NAME = testca.NAME
 PLACEHOLDER = ("192.0.2.3", 2)          # the bridge line's address: never dialled
@@ -289,7 +291,7 @@ def test_the_answers_of_a_go_server(parts):
     address = server.address
     cover = exchange(address, b"GET / HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n")
     assert re.match(rb"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                    rb"Connection: close\r\nDate: [^\r]+ GMT\r\nContent-Length: 38\r\n\r\n"
+                    rb"Date: [^\r]+ GMT\r\nContent-Length: 38\r\nConnection: close\r\n\r\n"
                     rb"I\xe2\x80\x99m just a happy little web server.\n\Z", cover), cover
     missing = exchange(address, b"GET /robots.txt HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n")
     assert missing.startswith(b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\n"
@@ -301,7 +303,46 @@ def test_the_answers_of_a_go_server(parts):
     garbage = exchange(address, b"\x16\x03\x01\x02\x00garbage\r\n\r\n")
     assert garbage == (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
                        b"Connection: close\r\n\r\n400 Bad Request")
+    no_host = exchange(address, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert no_host.startswith(b"HTTP/1.1 400 Bad Request: missing required Host header\r\n")
+    bare_lf = exchange(address, b"GET / HTTP/1.1\nHost: b.test\nConnection: close\n\n")
+    old = exchange(address, b"GET / HTTP/1.0\r\n\r\n")
+    assert bare_lf.endswith(b"happy little web server.\n") and old.startswith(b"HTTP/1.0 200 OK\r\n")
+    assert b"Connection" not in old
+    options = exchange(address, b"OPTIONS * HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n")
+    assert re.match(rb"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nDate: [^\r]+\r\nConnection: close\r\n\r\n\Z",
+                    options), options
+    # A body over 64 KiB + 1 (with more bytes behind it than the server reads): Go's empty
+    # 200 and a FIN, never a reset that could throw the answer away.
+    large = exchange(address, post(b"abcdefgh70000", b"z" * 70000))
+    assert re.match(rb"HTTP/1.1 200 OK\r\nConnection: close\r\nDate: [^\r]+\r\nContent-Length: 0\r\n\r\n\Z",
+                    large), large
     assert dest.accepted == 0
+
+
+def test_a_body_of_64_kib_and_1_is_taken_and_a_large_answer_is_chunked(parts):
+    """meek-server reads a body through MaxBytesReader(64 KiB + 1): 65,537 bytes reach
+    Tor; the echo comes back in a chunked answer, as Go sends a body over 2048 bytes."""
+    dest = parts.dest()
+    server = parts.server(dest)
+    answer = exchange(server.address, post(b"abcdefgh65537", b"x" * 65537))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.endswith(b"\r\nConnection: close\r\nTransfer-Encoding: chunked"), head
+    size, _, rest = body.partition(b"\r\n")
+    assert 2048 < int(size, 16) <= 65536 and rest == b"x" * int(size, 16) + b"\r\n0\r\n\r\n"
+    assert dest.accepted == 1
+
+
+@pytest.mark.slow
+def test_a_request_that_never_ends_is_closed_unanswered_after_the_read_timeout(parts):
+    """Bytes that never make a request (a TLS hello on the plain port) get no answer and,
+    after meek-server's ReadTimeout (20 s), a close, as the Go server does."""
+    server = parts.server(parts.dest())
+    with socket.create_connection(server.address, timeout=3 * meek.READ_TIMEOUT) as sock:
+        sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40)
+        started = time.monotonic()
+        assert recv_all(sock) == b""
+        assert time.monotonic() - started >= meek.READ_TIMEOUT - 1.0
 
 
 def test_sessions_are_kept_apart_and_an_idle_one_closes_on_time(parts):
