@@ -478,6 +478,9 @@ def run_external(args, mode):
         # Where the transport dials, not the bridge line's address (webtunnel's is a
         # placeholder): its first route.
         dest = cls.routes(settings.client_config(), dest)[0][0]
+    # The poller's thread first (serve() would start it): a process that says it listens
+    # is at rest, its main thread and the poller, which tools watching it count on.
+    server.waits.start()
     log.log(proxy.NOTICE, "%s %s listening on %s%s", name, mode, outbound.format_address(bound),
             " (SOCKS4/4a/5)" if handler is proxy.handle_socks_client else
             " -> %s" % outbound.format_address(dest))

@@ -16,6 +16,19 @@ def fd_count(pid):
     return len(os.listdir("/proc/%d/fd" % pid))
 
 
+def fd_kinds(pid):
+    """What each open descriptor is (socket:[...], pipe:[...], anon_inode:[eventpoll]),
+    for a failure message that says which ones stayed."""
+    folder = "/proc/%d/fd" % pid
+    found = {}
+    for name in os.listdir(folder):
+        try:
+            found[int(name)] = os.readlink(os.path.join(folder, name))
+        except OSError:
+            pass
+    return found
+
+
 def proc_number(pid, name, label, column=1):
     """The number in ``column`` of the line of /proc/PID/<name> that starts
     with ``label`` (/proc/PID/status, /proc/PID/limits)."""

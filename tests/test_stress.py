@@ -33,7 +33,7 @@ from contextlib import ExitStack
 import pytest
 import stress
 from peers import Obfs4proxy, pinned_options
-from procwatch import AT_REST, close_wait, cpu_seconds, fd_count, needs_proc, thread_count
+from procwatch import AT_REST, close_wait, cpu_seconds, fd_count, fd_kinds, needs_proc, thread_count
 from support import EchoServer, Program, fmt, recv_exact, require_obfs4proxy, socks5_connect
 
 import listener
@@ -65,17 +65,17 @@ class Rest:
     def __init__(self, node):
         self.node, self.pid = node, node.process.pid
         self.wait(lambda: thread_count(self.pid) == AT_REST, "its main thread and poller alone")
-        self.fds = fd_count(self.pid)
+        self.fds, self.kinds = fd_count(self.pid), fd_kinds(self.pid)
 
     def wait(self, condition, what):
         deadline = time.monotonic() + self.LINGERS + REST_SLACK
         while not condition():
             if time.monotonic() > deadline:
                 pytest.fail("%s: not back to %s within %.0f s: %d fds (at rest %s), %d threads, "
-                            "CLOSE_WAIT %r" % (label(self.node), what,
-                                               self.LINGERS + REST_SLACK, fd_count(self.pid),
-                                               getattr(self, "fds", "?"), thread_count(self.pid),
-                                               close_wait(self.pid)))
+                            "CLOSE_WAIT %r; descriptors now %r, at rest %r"
+                            % (label(self.node), what, self.LINGERS + REST_SLACK, fd_count(self.pid),
+                               getattr(self, "fds", "?"), thread_count(self.pid), close_wait(self.pid),
+                               fd_kinds(self.pid), getattr(self, "kinds", "?")))
             time.sleep(0.05)   # polling the condition, with the deadline above
 
     def back(self):
